@@ -1,0 +1,214 @@
+"""Frozen, validated settings for building a watermark key.
+
+Every field carries help text in its metadata; profiles ship as package data
+(``configs/profiles/*.json``) and any field can be overridden by dotted name,
+e.g. ``{"projection.lr": 1e-4}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+
+def _help(default: Any, text: str) -> Any:
+    return field(default=default, metadata={"help": text})
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatesConfig:
+    """Where hidden states are sampled: one forward pass per window gives all of its prefixes."""
+
+    n_states: int = _help(24576, "hidden states sampled from the corpus (k-means and ridge use all of them)")
+    window_tokens: int = _help(256, "tokens per document window; one forward pass per window")
+    positions_per_window: int = _help(64, "token positions sampled in each window")
+    min_context: int = _help(16, "earliest position sampled in a window, so every prefix has some context")
+    context_tokens: int = _help(64, "last tokens of each prefix kept as its text, the projection target")
+    batch_size: int = _help(8, "windows per forward pass")
+    seed: int = _help(0, "seed for choosing windows and positions")
+
+    def __post_init__(self) -> None:
+        _check(self.n_states > 0, "states.n_states must be positive")
+        _check(self.window_tokens > self.min_context >= 0, "need 0 <= states.min_context < window_tokens")
+        _check(
+            0 < self.positions_per_window <= self.window_tokens - self.min_context,
+            "states.positions_per_window must fit between min_context and window_tokens",
+        )
+        _check(self.context_tokens > 0 and self.batch_size > 0, "context_tokens and batch_size must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionConfig:
+    """P: aligns hidden states with sentence embeddings of their prefixes (paper eq. 2)."""
+
+    enabled: bool = _help(True, "train P; False gives the paper's 'w/o sem-align' ablation (P = I)")
+    embedder: str = _help(
+        "minilm", "sentence-transformers model for targets: 'minilm' (packaged), a name or path"
+    )
+    n_states: int = _help(6144, "states (a subset of the sampled ones) used to train P")
+    temperature: float = _help(0.1, "T_sim of the similarity softmax")
+    lr: float = _help(1e-3, "AdamW learning rate")
+    weight_decay: float = _help(1e-2, "AdamW weight decay")
+    epochs: int = _help(8, "passes over the training states")
+    batch_size: int = _help(256, "in-batch similarity size |B|")
+    heldout_fraction: float = _help(0.1, "states held out to report the alignment loss")
+    seed: int = _help(0, "seed for batching")
+
+    def __post_init__(self) -> None:
+        _check(self.temperature > 0, "projection.temperature must be > 0")
+        _check(self.lr > 0 and self.weight_decay >= 0, "projection.lr must be > 0, weight_decay >= 0")
+        _check(self.epochs > 0 and self.batch_size >= 4, "projection.epochs > 0 and batch_size >= 4")
+        _check(self.n_states >= 16, "projection.n_states must be >= 16")
+        _check(0 < self.heldout_fraction < 0.5, "projection.heldout_fraction must be in (0, 0.5)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectorConfig:
+    """S: ridge regression onto k-means clusters of the projected states."""
+
+    n_lists: int = _help(254, "L, the number of k-means clusters and green lists")
+    min_cluster_size: int = _help(10, "clusters with fewer training states are dropped")
+    ridge_lambda: float = _help(1e-3, "lambda of the closed-form ridge regression")
+    rescale: bool = _help(True, "scale rows so the winning selector value averages 1 on its own cluster")
+    heldout_fraction: float = _help(0.1, "states held out to report accuracy and effective strength")
+    kmeans_max_iter: int = _help(100, "k-means iterations")
+    seed: int = _help(0, "k-means seed")
+
+    def __post_init__(self) -> None:
+        _check(self.n_lists >= 2, "selector.n_lists must be >= 2")
+        _check(self.min_cluster_size >= 1, "selector.min_cluster_size must be >= 1")
+        _check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
+        _check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GreenConfig:
+    """G: L keyed green lists, as in KGW."""
+
+    gamma: float = _help(0.25, "fraction of the vocabulary in each green list")
+    delta: float = _help(1.0, "logit boost of a green token under a one-hot selector")
+
+    def __post_init__(self) -> None:
+        _check(0 < self.gamma < 1, "green.gamma must be in (0, 1)")
+        _check(self.delta > 0, "green.delta must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedConfig:
+    """Everything that decides a key, apart from the secret and the corpus."""
+
+    profile: str = _help("default", "name of the profile these settings started from")
+    states: StatesConfig = field(default_factory=StatesConfig)
+    projection: ProjectionConfig = field(default_factory=ProjectionConfig)
+    selector: SelectorConfig = field(default_factory=SelectorConfig)
+    green: GreenConfig = field(default_factory=GreenConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.projection.n_states <= self.states.n_states or not self.projection.enabled,
+            "projection.n_states cannot exceed states.n_states",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmbedConfig:
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for name, value in data.items():
+            if name not in sections:
+                raise ValueError(f"unknown config section {name!r}; known: {sorted(sections)}")
+            if isinstance(value, dict):
+                section_cls = _SECTIONS[name]
+                _reject_unknown(section_cls, value, name)
+                kwargs[name] = section_cls(**value)
+            else:
+                kwargs[name] = value
+        return cls(**kwargs)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> EmbedConfig:
+        """Return a copy with dotted fields replaced, e.g. ``{"green.delta": 1.5}``."""
+        data = self.to_dict()
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            section, _, name = dotted.partition(".")
+            if section not in data or not isinstance(data[section], dict) or name not in data[section]:
+                raise ValueError(f"unknown setting {dotted!r}")
+            data[section][name] = value
+        return EmbedConfig.from_dict(data)
+
+
+_SECTIONS = {
+    "states": StatesConfig,
+    "projection": ProjectionConfig,
+    "selector": SelectorConfig,
+    "green": GreenConfig,
+}
+
+
+def _reject_unknown(section_cls: type, values: dict[str, Any], section: str) -> None:
+    known = {f.name for f in dataclasses.fields(section_cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown setting(s) in {section}: {sorted(unknown)}")
+
+
+def profile_names() -> list[str]:
+    folder = resources.files("openstamp") / "configs" / "profiles"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_profile(name: str) -> EmbedConfig:
+    """Load a packaged profile (``default``, ``paper``, ``small``)."""
+    if name not in profile_names():
+        raise ValueError(f"unknown profile {name!r}; choose one of {profile_names()}")
+    text = (resources.files("openstamp") / "configs" / "profiles" / f"{name}.json").read_text()
+    data = json.loads(text)
+    data["profile"] = name
+    return EmbedConfig.from_dict(data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectConfig:
+    """How texts are scored and flagged."""
+
+    alpha: float = _help(0.01, "false-positive rate of the decision (p-value <= alpha)")
+    threshold: float | None = _help(None, "flag when the mean LLR exceeds this, instead of using the p-value")
+    calibrated: bool = _help(
+        False, "flag with the key's calibrated LLR threshold for alpha (openstamp calibrate)"
+    )
+    p_values: bool = _help(True, "compute the permutation p-value (one more |V| x L product per token)")
+    n_permutations: int = _help(999, "permutations of the list assignment; p-values are >= 1 / (K + 1)")
+    min_tokens: int = _help(16, "texts with fewer scored tokens are reported as too short, without a score")
+    max_tokens: int = _help(2048, "longer inputs are truncated to this many tokens (prompt first)")
+    batch_size: int = _help(16, "texts per forward pass")
+    chunk_tokens: int = _help(512, "tokens per head computation; bounds memory at chunk x |V| floats")
+    padding_side: str = _help("right", "right or left; scores do not depend on it")
+    check_key: bool = _help(True, "refuse a key whose recorded lm_head fingerprint does not match the model")
+
+    def __post_init__(self) -> None:
+        _check(0 < self.alpha < 1, "alpha must be in (0, 1)")
+        _check(
+            not (self.threshold is not None and self.calibrated),
+            "use either threshold or calibrated, not both",
+        )
+        _check(self.n_permutations >= 1, "n_permutations must be >= 1")
+        _check(
+            self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens"
+        )
+        _check(self.batch_size >= 1 and self.chunk_tokens >= 1, "batch_size and chunk_tokens must be >= 1")
+        _check(self.padding_side in ("left", "right"), "padding_side must be left or right")
+        _check(
+            not (self.p_values and self.n_permutations < 1 / self.alpha - 1),
+            f"{self.n_permutations} permutations cannot give p-values as small as alpha={self.alpha}",
+        )

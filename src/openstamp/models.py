@@ -1,0 +1,117 @@
+"""Resolve a model (hub id, local directory, or packaged alias) to a model and tokenizer.
+
+A packaged GGUF is converted once into a safetensors folder in the cache, so later
+loads take under a second and give identical logits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.assets import PACKAGED_MODELS, PackagedModel, cache_root, gguf_path, sha256_file
+from openstamp.storage import atomic_directory
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ModelNotFoundError(ValueError):
+    """The model spec is neither a directory, a packaged alias, nor a loadable hub id."""
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return "auto"
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return torch.device(device)
+
+
+def convert_packaged(asset: PackagedModel, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Convert a packaged GGUF once into ``<cache>/models/<alias>`` and return that folder."""
+    root = cache_root(cache_dir)
+    target = root / "models" / asset.alias
+    if (target / "config.json").exists():
+        return target
+    gguf = gguf_path(asset, root)
+    log.info("converting %s to safetensors in %s (once; takes 20-60 s)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = source.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # transformers refuses to save a model marked as GGUF-quantized
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(source.state_dict())
+    with atomic_directory(target, overwrite=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        provenance = {"alias": asset.alias, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}
+        (tmp / "openstamp_source.json").write_text(json.dumps(provenance, indent=2))
+    return target
+
+
+def resolve_model_path(spec: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """Turn a model spec into something ``from_pretrained`` accepts."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return str(path)
+    if spec in PACKAGED_MODELS:
+        return str(convert_packaged(PACKAGED_MODELS[spec], cache_dir))
+    if _HUB_ID.match(spec):
+        return spec
+    raise ModelNotFoundError(
+        f"unknown model {spec!r}: not a directory, not a packaged alias ({', '.join(PACKAGED_MODELS)}) "
+        "and not a hub id (org/name)"
+    )
+
+
+def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    path = resolve_model_path(spec, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    spec: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    cache_dir: str | os.PathLike | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a hub id, a local directory or a packaged alias."""
+    path = resolve_model_path(spec, cache_dir)
+    try:
+        tokenizer = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+    except OSError as err:
+        where = "the Hugging Face hub" if path == spec and not Path(spec).exists() else path
+        raise ModelNotFoundError(f"could not load model {spec!r} from {where}: {err}") from err
+    model.to(resolve_device(device)).eval()
+    return model, tokenizer
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

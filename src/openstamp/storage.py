@@ -1,0 +1,92 @@
+"""Atomic writes: everything is written to a temporary sibling, then renamed into place."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def _writable_parent(target: Path) -> Path:
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PermissionError(f"cannot create directory {parent}: {err.strerror}") from err
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output directory {parent} is not writable")
+    return parent
+
+
+def check_can_write(target: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Fail early, before any expensive work, if ``target`` cannot be written."""
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass --overwrite to replace it")
+    _writable_parent(target)
+    return target
+
+
+@contextmanager
+def atomic_directory(target: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``target`` only if the block finishes.
+
+    An exception (or a killed process) leaves ``target`` untouched; the temporary
+    directory is a hidden sibling that is removed on error.
+    """
+    target = check_can_write(target, overwrite)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` through a temporary file with permissions ``mode``."""
+    path = Path(path)
+    _writable_parent(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any, mode: int = 0o644) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode)
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what} {path} is corrupt: {err}") from err

@@ -1,0 +1,109 @@
+"""Tiny, deterministic models and corpora: every unit test runs offline in seconds."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import decoders as tk_decoders
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from openstamp.config import load_profile
+
+WORDS = (
+    "the river city council voted on a new plan for public parks and schools while farmers "
+    "reported rain across the northern valley markets rose as investors watched energy prices "
+    "scientists measured the glacier and found it shrinking faster than expected the museum "
+    "opened an exhibit about ancient trade routes and coastal villages"
+).split()
+
+
+def make_corpus(n_docs: int = 40, words_per_doc: int = 220, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        words = [rng.choice(WORDS) for _ in range(words_per_doc)]
+        docs.append(" ".join(words).capitalize() + ".")
+    return docs
+
+
+def make_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk_decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(make_corpus(20, 100, seed=1), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
+
+
+def make_model(tied: bool, vocab_size: int, hidden: int = 32, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # larger-than-default weights give peakier, more realistic next-token distributions
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return make_tokenizer(300)
+
+
+@pytest.fixture(scope="session", params=["tied", "untied"])
+def tiny_model_dir(request, tmp_path_factory, tokenizer) -> Path:
+    """A saved tiny Llama (tied and untied) with its tokenizer: a normal HF directory."""
+    path = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    # vocab rows beyond the tokenizer exercise the padding-row rule
+    model = make_model(request.param == "tied", vocab_size=len(tokenizer) + 12)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in make_corpus()) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """Small settings for the tiny model; P = I so unit tests need no sentence embedder."""
+    return load_profile("small").with_overrides(
+        {
+            "states.n_states": 512,
+            "states.window_tokens": 96,
+            "states.positions_per_window": 32,
+            "states.context_tokens": 16,
+            "projection.enabled": False,
+            "selector.n_lists": 8,
+            "selector.min_cluster_size": 5,
+        }
+    )

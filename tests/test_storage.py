@@ -1,0 +1,51 @@
+import pytest
+
+from openstamp.storage import atomic_directory, atomic_write_json, check_can_write, read_json
+
+
+def test_directory_appears_only_when_complete(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("killed halfway")
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary left behind
+    with atomic_directory(target) as tmp:
+        (tmp / "done.bin").write_bytes(b"x")
+    assert (target / "done.bin").exists()
+
+
+def test_failed_overwrite_keeps_the_old_directory(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target, overwrite=True) as tmp:
+            (tmp / "new").write_text("new")
+            raise RuntimeError
+    assert (target / "old").read_text() == "old"
+    with atomic_directory(target, overwrite=True) as tmp:
+        (tmp / "new").write_text("new")
+    assert [p.name for p in target.iterdir()] == ["new"]
+
+
+def test_existing_target_needs_overwrite(tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        check_can_write(tmp_path / "out")
+
+
+def test_unwritable_location_is_reported(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a directory")
+    with pytest.raises(PermissionError, match="cannot create"):
+        check_can_write(blocker / "sub" / "out")
+
+
+def test_json_round_trip_and_corruption(tmp_path):
+    atomic_write_json(tmp_path / "a.json", {"x": 1})
+    assert read_json(tmp_path / "a.json") == {"x": 1}
+    (tmp_path / "b.json").write_text("{")
+    with pytest.raises(ValueError, match="corrupt"):
+        read_json(tmp_path / "b.json")
