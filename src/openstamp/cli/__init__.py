@@ -1,0 +1,22 @@
+"""The ``openstamp`` command: one subcommand per file."""
+
+from __future__ import annotations
+
+import typer
+
+from openstamp.cli.demo import demo
+from openstamp.cli.embed import embed
+
+app = typer.Typer(
+    name="openstamp",
+    help="Watermark open-weight language models inside their weights, and detect the watermark.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command()(embed)
+app.command()(demo)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,92 @@
+"""Shared CLI plumbing: console, options, and turning known errors into one clear line."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from openstamp.assets import AssetMissingError
+from openstamp.corpus import CorpusError
+from openstamp.key.key import InvalidKeyError
+from openstamp.models import ModelNotFoundError
+
+console = Console(stderr=True)
+out = Console()
+
+USER_ERRORS = (
+    AssetMissingError,
+    CorpusError,
+    FileExistsError,
+    FileNotFoundError,
+    InvalidKeyError,
+    IsADirectoryError,
+    ModelNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    ValueError,
+)
+
+ModelOption = typer.Option(
+    "smollm2-135m", "--model", "-m", help="hub id, local HF directory, or packaged alias"
+)
+DtypeOption = typer.Option("float32", help="float32, bfloat16, float16 or auto")
+DeviceOption = typer.Option("cpu", help="cpu, cuda, cuda:N or auto")
+CacheOption = typer.Option(
+    None, help="where packaged models are converted (default $OPENSTAMP_CACHE or ~/.cache/openstamp)"
+)
+
+
+def setup_logging(quiet: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False, show_time=False)],
+        force=True,
+    )
+    for noisy in ("httpx", "urllib3", "sentence_transformers", "transformers", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def friendly_errors(func):
+    """Print known user errors as one red line and exit 2, instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any):
+        try:
+            return func(*args, **kwargs)
+        except USER_ERRORS as err:
+            console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted; nothing half-written was left behind[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def parse_settings(items: list[str] | None) -> dict[str, Any]:
+    """``--set section.field=value`` pairs; values are parsed as JSON when possible."""
+    import json
+
+    settings: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects section.field=value, got {item!r}")
+        try:
+            settings[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            settings[name.strip()] = raw
+    return settings
+
+
+def is_terminal() -> bool:
+    return sys.stdout.isatty()

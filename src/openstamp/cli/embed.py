@@ -1,0 +1,162 @@
+"""openstamp embed: build a key on a corpus and write it into a model's unembedding."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from openstamp.cli.common import (
+    CacheOption,
+    DeviceOption,
+    DtypeOption,
+    ModelOption,
+    console,
+    friendly_errors,
+    parse_settings,
+    setup_logging,
+)
+from openstamp.config import EmbedConfig, load_profile
+
+
+def read_secret(path: Path) -> bytes:
+    """A secret file holds raw bytes, or hex text (64 hex digits for 256 bits)."""
+    data = path.read_bytes()
+    text = data.strip().decode("ascii", errors="replace")
+    if text and all(c in string.hexdigits for c in text) and len(text) % 2 == 0:
+        data = bytes.fromhex(text)
+    if len(data) < 16:
+        raise ValueError(f"secret file {path} holds {len(data)} bytes; at least 16 (128 bits) are required")
+    return data
+
+
+def resolve_config(profile: str, config_file: Path | None, flags: dict) -> EmbedConfig:
+    """Profile, then a JSON config file, then command-line flags (later wins)."""
+    cfg = load_profile(profile)
+    if config_file is not None:
+        data = json.loads(config_file.read_text())
+        merged = cfg.to_dict()
+        for section, values in data.items():
+            if isinstance(values, dict) and isinstance(merged.get(section), dict):
+                merged[section].update(values)
+            else:
+                merged[section] = values
+        cfg = EmbedConfig.from_dict(merged)
+    return cfg.with_overrides(flags)
+
+
+@friendly_errors
+def embed(
+    out: Path = typer.Option(..., "--out", "-o", help="directory for the watermarked checkpoint"),
+    key: Path = typer.Option(..., "--key", "-k", help="directory for the private key"),
+    model: str = ModelOption,
+    corpus: str = typer.Option(
+        "wikipedia", help="wikipedia, news, a .txt/.jsonl file or folder, or hf:name[:config]:split:field"
+    ),
+    corpus_part: str = typer.Option(
+        "key", help="documents to use: the 'key' half of the hash split, or 'all'"
+    ),
+    profile: str = typer.Option("default", help="settings profile: default (CPU, minutes), paper, small"),
+    config: Path | None = typer.Option(
+        None, help="JSON file of settings (sections states/projection/selector/green)"
+    ),
+    gamma: float | None = typer.Option(None, help="green-list fraction"),
+    delta: float | None = typer.Option(None, help="watermark strength (logit boost)"),
+    lists: int | None = typer.Option(None, help="L, the number of clusters / green lists"),
+    states: int | None = typer.Option(None, help="hidden states to sample"),
+    epochs: int | None = typer.Option(None, help="epochs of P training"),
+    embedder: str | None = typer.Option(
+        None, help="sentence-transformers model for P's targets (default: packaged MiniLM)"
+    ),
+    no_projection: bool = typer.Option(
+        False, "--no-projection", help="P = I: the paper's 'w/o sem-align' ablation"
+    ),
+    seed: int | None = typer.Option(None, help="seed for sampling states and k-means"),
+    secret_file: Path | None = typer.Option(
+        None, help="use this secret (raw bytes or hex) instead of a random one"
+    ),
+    settings: list[str] | None = typer.Option(
+        None, "--set", help="any setting, e.g. --set projection.lr=1e-4"
+    ),
+    dtype: str = DtypeOption,
+    device: str = DeviceOption,
+    cache_dir: Path | None = CacheOption,
+    overwrite: bool = typer.Option(False, help="replace existing output directories"),
+    quiet: bool = typer.Option(False, help="no progress bars"),
+) -> None:
+    """Build a watermark key on a corpus and write it into a model's lm_head."""
+    from openstamp.embed import embed as run_embed
+
+    setup_logging(quiet)
+    flags = {
+        "green.gamma": gamma,
+        "green.delta": delta,
+        "selector.n_lists": lists,
+        "states.n_states": states,
+        "projection.epochs": epochs,
+        "projection.embedder": embedder,
+        "projection.enabled": False if no_projection else None,
+        "states.seed": seed,
+        "selector.seed": seed,
+        **parse_settings(settings),
+    }
+    cfg = resolve_config(profile, config, flags)
+    secret = read_secret(secret_file) if secret_file else None
+    result = run_embed(
+        model,
+        corpus,
+        out,
+        key,
+        cfg,
+        secret=secret,
+        dtype=dtype,
+        device=device,
+        cache_dir=cache_dir,
+        corpus_part=corpus_part,
+        overwrite=overwrite,
+        progress=not quiet,
+    )
+    print_summary(result.key, result.model_dir, result.key_dir)
+
+
+def print_summary(key, model_dir: Path, key_dir: Path) -> None:
+    stats, sel = key.meta["stats"], key.meta["stats"]["selector"]
+    proj = stats.get("projection") or {}
+    table = Table(title="OpenStamp key", show_header=False)
+    table.add_row("key id", key.key_id)
+    model = key.meta["model"]
+    table.add_row("model", f"{model['source']} ({model['architecture']}, tied={model['tied']})")
+    table.add_row("corpus", f"{key.meta['corpus']['spec']} ({key.meta['corpus']['n_documents']} documents)")
+    table.add_row(
+        "states",
+        f"{stats['n_states']} ({stats['n_train_states']} train / {stats['n_heldout_states']} held out)",
+    )
+    table.add_row("gamma / delta", f"{key.gamma} / {key.delta}")
+    table.add_row(
+        "green lists",
+        f"{sel['n_lists']} of {sel['n_lists_requested']} ({sel['n_dropped_clusters']} small ones dropped)",
+    )
+    table.add_row(
+        "selector accuracy", f"train {sel['train_accuracy']:.3f}, held out {sel['heldout_accuracy']:.3f}"
+    )
+    table.add_row(
+        "effective strength",
+        f"{sel['effective_strength']:.3f} ({sel['effective_strength_over_delta']:.2f} x delta)",
+    )
+    if proj:
+        table.add_row(
+            "projection",
+            f"held-out KL {proj['heldout_kl_identity']:.3f} -> {proj['heldout_kl']:.3f}, "
+            f"similarity corr {proj['heldout_corr_identity']:.3f} -> {proj['heldout_corr']:.3f}",
+        )
+    else:
+        table.add_row("projection", "none (P = I)")
+    table.add_row("timings (s)", ", ".join(f"{k} {v:.1f}" for k, v in stats["timings_s"].items()))
+    table.add_row("checkpoint", str(model_dir))
+    table.add_row("key (private)", str(key_dir))
+    console.print(table)
+    for warning in key.meta.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {warning}")

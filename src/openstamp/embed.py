@@ -1,0 +1,208 @@
+"""The embedding recipe: documents -> hidden states -> P -> S -> key -> patched model -> files.
+
+Plain functions that read top to bottom; each stage is timed and its statistics go into
+the key's metadata.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.config import EmbedConfig
+from openstamp.corpus import Document, fingerprint, load_documents, split_documents
+from openstamp.embedder import encode_texts
+from openstamp.hidden import States, collect_states, final_hidden
+from openstamp.key.key import WatermarkKey
+from openstamp.key.prf import new_secret
+from openstamp.key.projection import train_projection
+from openstamp.key.selector import fit_selector
+from openstamp.models import load_model, model_device
+from openstamp.monitor import StageMonitor
+from openstamp.patch import TIED_WARNING, apply_watermark, head, head_digests, is_tied
+from openstamp.storage import atomic_directory, check_can_write
+from openstamp.text import never_green_ids
+
+log = logging.getLogger(__name__)
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import sklearn
+    import transformers
+
+    from openstamp import __version__
+
+    return {
+        "openstamp": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "scikit-learn": sklearn.__version__,
+    }
+
+
+def check_head_input(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Refuse architectures whose logits are not lm_head(last hidden state)."""
+    ids = torch.tensor([tokenizer("OpenStamp checks the head input.", add_special_tokens=False).input_ids])
+    ids = ids.to(model_device(model))
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        h = final_hidden(model, ids, mask)
+        mine = F.linear(h, head(model).weight, getattr(head(model), "bias", None)).float()
+    if not torch.allclose(mine, logits, atol=1e-3 * max(1.0, float(logits.abs().max())), rtol=1e-3):
+        raise ValueError(
+            f"{type(model).__name__} post-processes its logits (e.g. soft-capping or scaling); "
+            "OpenStamp supports models whose logits are lm_head(final hidden state)"
+        )
+
+
+def split_by_document(states: States, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of training and held-out states, holding out whole documents."""
+    docs = torch.unique(states.document)
+    generator = torch.Generator().manual_seed(seed)
+    n_held = max(1, round(len(docs) * fraction)) if len(docs) > 1 else 0
+    held_docs = docs[torch.randperm(len(docs), generator=generator)[:n_held]]
+    is_held = torch.isin(states.document, held_docs)
+    if is_held.all() or not is_held.any():  # one document: hold out states instead
+        is_held = torch.rand(len(states), generator=generator) < fraction
+    return torch.nonzero(~is_held).flatten(), torch.nonzero(is_held).flatten()
+
+
+def effective_strength(key: WatermarkKey, hidden: torch.Tensor, chunk: int = 256) -> float:
+    """Mean over states of the std, across the vocabulary, of the watermark logits dW h."""
+    stds = [key.watermark_logits(hidden[i : i + chunk]).std(dim=-1) for i in range(0, len(hidden), chunk)]
+    return float(torch.cat(stds).mean()) if stds else float("nan")
+
+
+def build_key(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: EmbedConfig,
+    *,
+    secret: bytes | None = None,
+    progress: bool = True,
+) -> WatermarkKey:
+    """Sample hidden states, train P, fit S, and draw G from the secret."""
+    monitor = StageMonitor()
+    check_head_input(model, tokenizer)
+    with monitor.stage("hidden_states"):
+        states = collect_states(model, tokenizer, documents, cfg.states, progress)
+    train, held = split_by_document(states, cfg.selector.heldout_fraction, cfg.selector.seed)
+    projection, projection_stats = None, {}
+    if cfg.projection.enabled:
+        subset = train[: cfg.projection.n_states]
+        with monitor.stage("sentence_embeddings"):
+            targets = encode_texts(
+                [states.texts[i] for i in subset.tolist()], cfg.projection.embedder, progress=progress
+            )
+        with monitor.stage("projection"):
+            projection, projection_stats = train_projection(
+                states.hidden[subset], targets, cfg.projection, progress
+            )
+    z = states.hidden if projection is None else states.hidden @ projection.T
+    with monitor.stage("selector"):
+        selector, selector_stats = fit_selector(z[train], z[held], cfg.selector)
+    vocab_size = head(model).weight.shape[0]
+    key = WatermarkKey(
+        secret=secret or new_secret(),
+        selector=selector,
+        projection=projection,
+        gamma=cfg.green.gamma,
+        delta=cfg.green.delta,
+        vocab_size=vocab_size,
+        never_green=never_green_ids(tokenizer, vocab_size),
+    )
+    with monitor.stage("green_lists"):
+        selector_stats["effective_strength"] = effective_strength(key, states.hidden[held])
+    selector_stats["effective_strength_over_delta"] = selector_stats["effective_strength"] / key.delta
+    key.meta.update(
+        config=cfg.to_dict(),
+        stats={
+            "n_states": len(states),
+            "n_train_states": len(train),
+            "n_heldout_states": len(held),
+            "projection": projection_stats,
+            "selector": selector_stats,
+            "timings_s": monitor.seconds,
+            "peak_rss_mb": monitor.peak_rss_mb,
+        },
+        versions=versions(),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    return key
+
+
+def record_model(
+    key: WatermarkKey, model: PreTrainedModel, source: str, original: torch.Tensor, tied: bool
+) -> None:
+    """Store the model's identity and the sha256 of its original and watermarked heads in the key."""
+    key.meta["model"] = {
+        "source": source,
+        "architecture": type(model).__name__,
+        "vocab_size": key.vocab_size,
+        "hidden_size": key.hidden_size,
+        "dtype": str(head(model).weight.dtype).removeprefix("torch."),
+        "tied": tied,
+    }
+    key.meta["fingerprint"] = {
+        "original": head_digests(original),
+        "watermarked": head_digests(head(model).weight),
+    }
+    key.meta["warnings"] = [TIED_WARNING] if tied else []
+
+
+@dataclass
+class EmbedResult:
+    key: WatermarkKey
+    model_dir: Path
+    key_dir: Path
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+
+def embed(
+    model_spec: str,
+    corpus_spec: str,
+    out: str | os.PathLike,
+    key_dir: str | os.PathLike,
+    cfg: EmbedConfig,
+    *,
+    secret: bytes | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    cache_dir: str | None = None,
+    corpus_part: str = "key",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> EmbedResult:
+    """Build a key on ``corpus_spec``, watermark ``model_spec``, and write both atomically.
+
+    The key is written first: a checkpoint must never exist without its key.
+    """
+    check_can_write(out, overwrite)
+    check_can_write(key_dir, overwrite)
+    documents = split_documents(load_documents(corpus_spec), corpus_part)
+    model, tokenizer = load_model(model_spec, dtype=dtype, device=device, cache_dir=cache_dir)
+    key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress)
+    key.meta["corpus"] = {"spec": corpus_spec, "part": corpus_part, **fingerprint(documents)}
+    tied = is_tied(model)
+    original = head(model).weight.detach().clone()
+    apply_watermark(model, key)
+    record_model(key, model, model_spec, original, tied)
+    key.save(key_dir, overwrite=overwrite)
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return EmbedResult(key, Path(out), Path(key_dir), model, tokenizer)

@@ -1,0 +1,136 @@
+"""Final hidden states (the input of lm_head) at sampled token positions, with prefix texts.
+
+Each document is cut into windows; one forward pass per window gives the hidden state
+of every prefix in it, of which a fixed number of positions is sampled.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.config import StatesConfig
+from openstamp.corpus import Document
+from openstamp.models import model_device
+from openstamp.text import bos_prefix, encode
+
+
+@dataclass
+class States:
+    """Sampled states. hidden: fp32 (N, d); texts: N prefix texts; document: (N,) document index."""
+
+    hidden: torch.Tensor
+    texts: list[str]
+    document: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, index: torch.Tensor) -> States:
+        return States(self.hidden[index], [self.texts[i] for i in index.tolist()], self.document[index])
+
+
+@dataclass(frozen=True)
+class Window:
+    document: int
+    ids: list[int]
+    positions: list[int]
+
+
+def plan_windows(
+    tokenizer: PreTrainedTokenizerBase, documents: list[Document], cfg: StatesConfig
+) -> list[Window]:
+    """Choose windows and positions deterministically from ``cfg.seed``."""
+    rng = np.random.default_rng(cfg.seed)
+    prefix = bos_prefix(tokenizer)
+    body = cfg.window_tokens - len(prefix)
+    candidates = []
+    for d, ids in enumerate(encode(tokenizer, [doc.text for doc in documents])):
+        for start in range(0, len(ids), body):
+            chunk = prefix + ids[start : start + body]
+            if len(chunk) >= cfg.min_context + cfg.positions_per_window:
+                candidates.append((d, chunk))
+    needed = math.ceil(cfg.n_states / cfg.positions_per_window)
+    if not candidates:
+        raise ValueError("no document is long enough for one window; use longer documents or smaller windows")
+    if len(candidates) < needed:
+        warnings.warn(
+            f"the corpus gives {len(candidates)} windows, fewer than the {needed} needed for "
+            f"{cfg.n_states} states; using {len(candidates) * cfg.positions_per_window} states",
+            stacklevel=2,
+        )
+    order = rng.permutation(len(candidates))[:needed]
+    windows = []
+    for i in order:
+        d, chunk = candidates[i]
+        positions = rng.choice(
+            np.arange(cfg.min_context, len(chunk)), cfg.positions_per_window, replace=False
+        )
+        windows.append(Window(d, chunk, sorted(positions.tolist())))
+    return windows
+
+
+@torch.inference_mode()
+def final_hidden(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The decoder's last hidden state, i.e. what lm_head multiplies. (B, T) -> (B, T, d).
+
+    Pass ``position_ids`` for left-padded batches.
+    """
+    out = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
+    return out.last_hidden_state
+
+
+def collect_states(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: StatesConfig,
+    progress: bool = True,
+) -> States:
+    """Run the planned windows through the model and keep the sampled positions.
+
+    Memory is bounded by the preallocated (N, d) output and one batch of activations.
+    """
+    windows = plan_windows(tokenizer, documents, cfg)
+    n = min(cfg.n_states, len(windows) * cfg.positions_per_window)
+    hidden = torch.empty(n, model.config.get_text_config().hidden_size, dtype=torch.float32)
+    spans: list[list[int]] = []
+    document = torch.empty(n, dtype=torch.long)
+    device, pad = model_device(model), tokenizer.pad_token_id or 0
+    row = 0
+    bar = tqdm(total=n, desc="hidden states", unit="state", disable=not progress)
+    for b in range(0, len(windows), cfg.batch_size):
+        batch = windows[b : b + cfg.batch_size]
+        width = max(len(w.ids) for w in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, w in enumerate(batch):
+            ids[i, : len(w.ids)] = torch.tensor(w.ids)
+            mask[i, : len(w.ids)] = 1
+        h = final_hidden(model, ids.to(device), mask.to(device)).float().cpu()
+        start_row = row
+        for i, w in enumerate(batch):
+            take = w.positions[: n - row]
+            hidden[row : row + len(take)] = h[i, take]
+            document[row : row + len(take)] = w.document
+            spans.extend(w.ids[max(0, t + 1 - cfg.context_tokens) : t + 1] for t in take)
+            row += len(take)
+        bar.update(row - start_row)
+        if row >= n:
+            break
+    bar.close()
+    texts = tokenizer.batch_decode(spans, skip_special_tokens=True)
+    return States(hidden[:row], texts, document[:row])

@@ -1,0 +1,189 @@
+"""The watermark key: one object for embedding and for detection.
+
+On disk a key is a private directory:
+
+* ``key.json``          settings, statistics, fingerprints, versions (no secret);
+* ``key.safetensors``   P (``projection``, absent when P = I) and S (``selector``);
+* ``secret``            the raw secret bytes, mode 0600.
+
+Pure tensor code: nothing here touches a ``PreTrainedModel``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from openstamp.key.prf import PRF_VERSION, green_lists
+from openstamp.storage import atomic_directory, atomic_write_json, read_json
+
+KEY_FORMAT = 1
+
+
+class InvalidKeyError(ValueError):
+    """A key directory that is missing or corrupt."""
+
+
+class KeyMismatchError(InvalidKeyError):
+    """A key used with a model it was not made for."""
+
+
+@dataclass(eq=False)
+class WatermarkKey:
+    """Everything needed to compute ``dW = G S P``.
+
+    Attributes:
+        secret: PRF secret (never printed or logged).
+        selector: S, fp32 (L, d).
+        projection: P, fp32 (d, d), or None for P = I.
+        gamma, delta: green fraction and strength.
+        vocab_size: rows of the unembedding (|V|).
+        never_green: token ids that are in no green list (special tokens, padding rows).
+        meta: settings, statistics and fingerprints, stored in key.json.
+    """
+
+    secret: bytes = field(repr=False)
+    selector: torch.Tensor
+    projection: torch.Tensor | None
+    gamma: float
+    delta: float
+    vocab_size: int
+    never_green: list[int] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < 16:
+            raise ValueError("the secret must be at least 16 bytes (128 bits)")
+        d = self.selector.shape[1]
+        if self.projection is not None and tuple(self.projection.shape) != (d, d):
+            raise ValueError(
+                f"projection shape {tuple(self.projection.shape)} does not match selector width {d}"
+            )
+
+    # -- shapes and derived matrices -----------------------------------------------------------
+
+    @property
+    def n_lists(self) -> int:
+        return self.selector.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.selector.shape[1]
+
+    @cached_property
+    def key_id(self) -> str:
+        """A public identifier: a hash of the secret and the factors (reveals neither)."""
+        digest = hashlib.sha256(b"openstamp/key-id/v1" + self.secret)
+        digest.update(self.selector.numpy().tobytes())
+        if self.projection is not None:
+            digest.update(self.projection.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    @cached_property
+    def green(self) -> torch.Tensor:
+        """G's membership, bool (V, L)."""
+        excluded = torch.zeros(self.vocab_size, dtype=torch.bool)
+        excluded[torch.tensor(self.never_green, dtype=torch.long)] = True
+        return green_lists(self.secret, self.n_lists, self.vocab_size, self.gamma, excluded)
+
+    @cached_property
+    def green_float(self) -> torch.Tensor:
+        """G's membership as fp32 (V, L), for matrix products."""
+        return self.green.float()
+
+    @cached_property
+    def selector_weights(self) -> torch.Tensor:
+        """S P, fp32 (L, d): maps a hidden state to its selector values."""
+        if self.projection is None:
+            return self.selector.float()
+        return (self.selector.double() @ self.projection.double()).float()
+
+    def selector_values(self, hidden: torch.Tensor) -> torch.Tensor:
+        """s = S P h in fp32. hidden: (..., d) -> (..., L)."""
+        weights = self.selector_weights.to(hidden.device)
+        return hidden.float() @ weights.T
+
+    def watermark_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """dW h = delta * G s in fp32, through the low-rank factors. (..., d) -> (..., V)."""
+        green = self.green_float.to(hidden.device)
+        return self.delta * (self.selector_values(hidden) @ green.T)
+
+    def delta_w(self) -> torch.Tensor:
+        """The materialised offset dW = delta * G S P, fp32 (V, d)."""
+        return self.delta * (self.green_float @ self.selector_weights)
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def save(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write the key directory atomically; the secret file gets mode 0600."""
+        with atomic_directory(directory, overwrite=overwrite) as tmp:
+            os.chmod(tmp, 0o700)
+            tensors = {"selector": self.selector.contiguous()}
+            if self.projection is not None:
+                tensors["projection"] = self.projection.contiguous()
+            save_file(tensors, str(tmp / "key.safetensors"))
+            fd = os.open(tmp / "secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self.secret)
+            atomic_write_json(tmp / "key.json", self._header())
+        return Path(directory)
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": KEY_FORMAT,
+            "key_id": self.key_id,
+            "prf_version": PRF_VERSION,
+            "gamma": self.gamma,
+            "delta": self.delta,
+            "n_lists": self.n_lists,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "projection": self.projection is not None,
+            "never_green": self.never_green,
+            **self.meta,
+        }
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> WatermarkKey:
+        """Read a key directory, with a clear error for anything missing or corrupt."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise InvalidKeyError(f"key directory {directory} does not exist")
+        for name in ("key.json", "key.safetensors", "secret"):
+            if not (directory / name).exists():
+                raise InvalidKeyError(f"key directory {directory} has no {name}; is this an OpenStamp key?")
+        header = read_json(directory / "key.json", "key file")
+        if header.get("format") != KEY_FORMAT or header.get("prf_version") != PRF_VERSION:
+            raise InvalidKeyError(
+                f"key {directory} has format {header.get('format')} / PRF {header.get('prf_version')}; "
+                f"this version of OpenStamp reads format {KEY_FORMAT} / {PRF_VERSION}"
+            )
+        try:
+            tensors = load_file(str(directory / "key.safetensors"))
+        except (SafetensorError, OSError) as err:
+            raise InvalidKeyError(f"{directory / 'key.safetensors'} is corrupt: {err}") from err
+        fixed = {"format", "key_id", "prf_version", "gamma", "delta", "n_lists", "hidden_size", "vocab_size"}
+        meta = {k: v for k, v in header.items() if k not in fixed | {"projection", "never_green"}}
+        key = cls(
+            secret=(directory / "secret").read_bytes(),
+            selector=tensors["selector"],
+            projection=tensors.get("projection"),
+            gamma=float(header["gamma"]),
+            delta=float(header["delta"]),
+            vocab_size=int(header["vocab_size"]),
+            never_green=list(header.get("never_green", [])),
+            meta=meta,
+        )
+        if key.key_id != header["key_id"]:
+            raise InvalidKeyError(
+                f"key {directory}: the secret or factors do not match key.json (key id differs)"
+            )
+        return key

@@ -1,0 +1,107 @@
+"""S: closed-form ridge regression onto one-hot k-means labels of projected states."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans, MiniBatchKMeans
+
+from openstamp.config import SelectorConfig
+
+_FULL_KMEANS_LIMIT = 200_000  # above this many states, use incremental (mini-batch) k-means as the paper does
+
+
+def ridge(
+    z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, intercept: bool = False
+) -> torch.Tensor:
+    """Solve min_S sum_i ||S z_i - y_i||^2 + lam ||S||_F^2 in closed form (float64).
+
+    Args:
+        z: (N, d) inputs.
+        labels: (N,) class ids in [0, n_classes).
+        intercept: append a constant feature (analysis only: a weight patch has no bias).
+    Returns:
+        S, (n_classes, d) or (n_classes, d + 1) with ``intercept``.
+    """
+    x = z.double()
+    if intercept:
+        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+    y = torch.zeros(len(x), n_classes, dtype=x.dtype)
+    y[torch.arange(len(x)), labels] = 1.0
+    gram = x.T @ x + lam * torch.eye(x.shape[1], dtype=x.dtype)
+    return torch.linalg.solve(gram, x.T @ y).T.float()
+
+
+def cluster(z: torch.Tensor, cfg: SelectorConfig):
+    """Seeded k-means into ``cfg.n_lists`` clusters; returns the fitted sklearn estimator."""
+    if len(z) < cfg.n_lists:
+        raise ValueError(f"{len(z)} states cannot form {cfg.n_lists} clusters; sample more states or lower L")
+    kind = KMeans if len(z) <= _FULL_KMEANS_LIMIT else MiniBatchKMeans
+    extra = {"n_init": 1} if kind is KMeans else {"n_init": 3, "batch_size": 4096}
+    return kind(n_clusters=cfg.n_lists, random_state=cfg.seed, max_iter=cfg.kmeans_max_iter, **extra).fit(
+        z.numpy().astype(np.float32)
+    )
+
+
+def rescale_rows(S: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale row l so that (S z)_l averages 1 over the states of cluster l.
+
+    Returns the scaled S and the factors (L,). A row whose own-cluster mean is not
+    positive keeps factor 1 (reported through the factors).
+    """
+    own = (z @ S.T)[torch.arange(len(z)), labels]
+    sums = torch.zeros(S.shape[0]).index_add_(0, labels, own)
+    counts = torch.bincount(labels, minlength=S.shape[0]).clamp(min=1)
+    means = sums / counts
+    factors = torch.where(means > 1e-3, 1.0 / means, torch.ones_like(means))
+    return S * factors[:, None], factors
+
+
+def accuracy(S: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of states whose selector argmax is their own cluster."""
+    if len(z) == 0:
+        return float("nan")
+    return float(((z @ S.T).argmax(-1) == labels).float().mean())
+
+
+def fit_selector(
+    z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorConfig
+) -> tuple[torch.Tensor, dict]:
+    """Cluster, drop small clusters, ridge-regress, rescale.
+
+    Args:
+        z_train: (N, d) projected training states.
+        z_heldout: (M, d) projected held-out states (for reporting only).
+    Returns:
+        S with one row per kept cluster, (L_eff, d), and a stats dict.
+    """
+    km = cluster(z_train, cfg)
+    labels = torch.from_numpy(km.labels_.astype(np.int64))
+    sizes = torch.bincount(labels, minlength=cfg.n_lists)
+    kept = torch.nonzero(sizes >= cfg.min_cluster_size).flatten()
+    if len(kept) < 2:
+        raise ValueError("fewer than 2 clusters have enough states; sample more states or lower L")
+    remap = torch.full((cfg.n_lists,), -1, dtype=torch.long)
+    remap[kept] = torch.arange(len(kept))
+    train_labels = remap[labels]
+    in_kept = train_labels >= 0
+    z_fit, y_fit = z_train[in_kept], train_labels[in_kept]
+    S = ridge(z_fit, y_fit, len(kept), cfg.ridge_lambda)
+    factors = torch.ones(len(kept))
+    if cfg.rescale:
+        S, factors = rescale_rows(S, z_fit, y_fit)
+    held_labels = remap[torch.from_numpy(km.predict(z_heldout.numpy().astype(np.float32)).astype(np.int64))]
+    held_in = held_labels >= 0
+    stats = {
+        "n_lists_requested": cfg.n_lists,
+        "n_lists": len(kept),
+        "n_dropped_clusters": cfg.n_lists - len(kept),
+        "cluster_sizes": sorted(sizes[kept].tolist(), reverse=True),
+        "train_accuracy": accuracy(S, z_fit, y_fit),
+        "heldout_accuracy": accuracy(S, z_heldout[held_in], held_labels[held_in]),
+        "heldout_states": int(held_in.sum()),
+        "rescale_factor_mean": float(factors.mean()),
+        "rescale_factor_min": float(factors.min()),
+        "rescale_factor_max": float(factors.max()),
+    }
+    return S, stats

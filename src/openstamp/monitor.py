@@ -1,0 +1,57 @@
+"""Time and peak resident memory of pipeline stages (a background thread samples RSS)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def current_rss_mb() -> float:
+    """Resident set size of this process now (Linux /proc), else the peak so far."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * _PAGE / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class StageMonitor:
+    """Record seconds and peak RSS (MiB) of named stages.
+
+    >>> monitor = StageMonitor()
+    >>> with monitor.stage("load"):
+    ...     pass
+    >>> sorted(monitor.seconds)
+    ['load']
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.seconds: dict[str, float] = {}
+        self.peak_rss_mb: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        peak = [current_rss_mb()]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(self.interval):
+                peak[0] = max(peak[0], current_rss_mb())
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self.seconds[name] = round(time.perf_counter() - start, 3)
+            self.peak_rss_mb[name] = round(max(peak[0], current_rss_mb()), 1)

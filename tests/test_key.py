@@ -1,0 +1,91 @@
+import os
+import stat
+
+import pytest
+import torch
+
+from openstamp.key import InvalidKeyError, WatermarkKey
+
+
+def make_key(d=16, L=6, V=100, projection=True, seed=0) -> WatermarkKey:
+    g = torch.Generator().manual_seed(seed)
+    return WatermarkKey(
+        secret=bytes(range(32)),
+        selector=torch.randn(L, d, generator=g),
+        projection=torch.randn(d, d, generator=g) if projection else None,
+        gamma=0.25,
+        delta=1.5,
+        vocab_size=V,
+        never_green=[0, 99],
+        meta={"note": "test"},
+    )
+
+
+@pytest.mark.parametrize("projection", [True, False])
+def test_low_rank_offset_equals_materialised_offset(projection):
+    key = make_key(projection=projection)
+    h = torch.randn(5, 7, 16, generator=torch.Generator().manual_seed(1))
+    low_rank = key.watermark_logits(h)
+    dense = h @ key.delta_w().T
+    assert low_rank.shape == (5, 7, 100)
+    torch.testing.assert_close(low_rank, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_offset_is_delta_times_green_mixture():
+    key = make_key(projection=False)
+    h = torch.randn(3, 16)
+    s = h @ key.selector.T
+    expected = 1.5 * s @ key.green.float().T
+    torch.testing.assert_close(key.watermark_logits(h), expected)
+    assert not key.green[[0, 99]].any()
+
+
+def test_save_and_load_round_trip(tmp_path):
+    key = make_key()
+    key.save(tmp_path / "key")
+    loaded = WatermarkKey.load(tmp_path / "key")
+    assert loaded.secret == key.secret
+    assert torch.equal(loaded.selector, key.selector) and torch.equal(loaded.projection, key.projection)
+    assert loaded.key_id == key.key_id and loaded.meta["note"] == "test"
+    assert torch.equal(loaded.green, key.green)
+
+
+def test_secret_is_private_and_absent_from_metadata(tmp_path):
+    key = make_key()
+    key.save(tmp_path / "key")
+    mode = stat.S_IMODE(os.stat(tmp_path / "key" / "secret").st_mode)
+    assert mode == 0o600
+    header = (tmp_path / "key" / "key.json").read_bytes()
+    assert key.secret.hex().encode() not in header and key.secret not in header
+
+
+def test_missing_and_corrupt_keys_give_clear_errors(tmp_path):
+    with pytest.raises(InvalidKeyError, match="does not exist"):
+        WatermarkKey.load(tmp_path / "nope")
+    key = make_key()
+    key.save(tmp_path / "key")
+    (tmp_path / "key" / "key.safetensors").write_bytes(b"garbage")
+    with pytest.raises(InvalidKeyError, match="corrupt"):
+        WatermarkKey.load(tmp_path / "key")
+
+
+def test_tampered_secret_is_detected(tmp_path):
+    key = make_key()
+    key.save(tmp_path / "key")
+    (tmp_path / "key" / "secret").write_bytes(bytes(32))
+    with pytest.raises(InvalidKeyError, match="key id"):
+        WatermarkKey.load(tmp_path / "key")
+
+
+def test_corrupt_json_is_reported(tmp_path):
+    make_key().save(tmp_path / "key")
+    (tmp_path / "key" / "key.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt"):
+        WatermarkKey.load(tmp_path / "key")
+
+
+def test_short_secret_is_refused():
+    with pytest.raises(ValueError, match="16 bytes"):
+        WatermarkKey(
+            secret=b"short", selector=torch.zeros(2, 4), projection=None, gamma=0.25, delta=1.0, vocab_size=10
+        )
