@@ -1,0 +1,89 @@
+"""Calibration: empirical LLR thresholds on reference text, and a check of the p-values.
+
+Two ways to turn a score into a decision, with different assumptions:
+
+* the permutation p-value (default) is valid whenever the text is independent of the key,
+  whatever its source; it needs no reference data;
+* a calibrated threshold on the raw LLR controls the false-positive rate only for text like
+  the reference corpus (the raw LLR's null shifts with the source, with delta and with L).
+
+``openstamp calibrate`` scores held-out reference text, stores LLR thresholds for target
+false-positive rates in the key, and reports how the p-values behave on that text.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openstamp.key.key import WatermarkKey
+from openstamp.storage import atomic_write_json, read_json
+
+DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
+
+
+def empirical_thresholds(null_scores: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:
+    """Threshold tau per alpha such that at most a fraction alpha of ``null_scores`` exceeds tau."""
+    scores = np.sort(np.asarray(null_scores, dtype=np.float64))
+    if len(scores) == 0:
+        raise ValueError("no reference scores to calibrate on")
+    out = {}
+    for alpha in alphas:
+        allowed = int(np.floor(alpha * len(scores)))  # scores strictly above tau
+        out[f"{alpha:g}"] = float(scores[len(scores) - allowed - 1])
+    return out
+
+
+def observed_rates(p_values: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:
+    """Fraction of p-values at or below each alpha (the false-positive rate on null text)."""
+    p = np.asarray(p_values, dtype=np.float64)
+    return {f"{alpha:g}": float(np.mean(p <= alpha)) for alpha in alphas}
+
+
+def calibrated_threshold(key: WatermarkKey, alpha: float) -> float:
+    """The key's calibrated LLR threshold for ``alpha``."""
+    record = key.meta.get("calibration")
+    if not record:
+        raise ValueError("this key has not been calibrated; run `openstamp calibrate` first or use p-values")
+    thresholds = record["llr_thresholds"]
+    if f"{alpha:g}" not in thresholds:
+        raise ValueError(f"the key was calibrated for alpha in {sorted(thresholds)}, not {alpha:g}")
+    return float(thresholds[f"{alpha:g}"])
+
+
+def store_calibration(key_dir: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Write the calibration into the key's metadata (an atomic rewrite of key.json)."""
+    path = Path(key_dir) / "key.json"
+    header = read_json(path, "key file")
+    header["calibration"] = record
+    atomic_write_json(path, header)
+
+
+def qq_plot(p_values: np.ndarray, path: str | os.PathLike, title: str) -> Path:
+    """QQ plot of p-values against Uniform(0, 1), plus their histogram, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = np.sort(np.asarray(p_values, dtype=np.float64))
+    expected = (np.arange(1, len(p) + 1)) / (len(p) + 1)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    ax1.plot(expected, p, ".", ms=3, label="observed")
+    ax1.plot([0, 1], [0, 1], "k--", lw=1, label="uniform")
+    ax1.set(xlabel="expected p (uniform)", ylabel="observed p", title="QQ plot")
+    ax1.legend()
+    ax2.hist(p, bins=20, range=(0, 1), color="tab:blue", alpha=0.8)
+    ax2.axhline(len(p) / 20, color="k", ls="--", lw=1)
+    ax2.set(xlabel="p-value", ylabel="texts", title="histogram")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

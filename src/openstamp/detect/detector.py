@@ -1,0 +1,263 @@
+"""Batched, prompt-free detection with one backbone forward pass per batch.
+
+``Detector`` tokenises texts (or takes token ids), runs the decoder once, and hands the
+final hidden states of the scored positions to the pure statistics in ``llr.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from scipy.stats import binom
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.config import DetectConfig
+from openstamp.detect.calibrate import calibrated_threshold
+from openstamp.detect.llr import TokenStats, permutation_pvalue, token_stats
+from openstamp.detect.result import DetectionResult
+from openstamp.hidden import final_hidden
+from openstamp.key.key import WatermarkKey
+from openstamp.key.prf import permutations
+from openstamp.models import model_device
+from openstamp.patch import check_key, head
+from openstamp.text import bos_prefix
+
+PERMUTATION_TEST = "permutation test of the centred LLR over list assignments (K={k})"
+
+
+@dataclass
+class _Item:
+    context: list[int]  # BOS and prompt: conditions the scores, never scored
+    text: list[int]
+    offsets: list[tuple[int, int]] | None
+    source: str | None
+    truncated: bool
+
+    @property
+    def n_scored(self) -> int:  # the first token needs some context to be predicted from
+        return len(self.text) if self.context else max(len(self.text) - 1, 0)
+
+
+class Detector:
+    """Score texts against one key with one model (the released checkpoint or the original).
+
+    Args:
+        model: the watermarked checkpoint, or the original base model; the key's fingerprint
+            tells which, and the other head is derived as U~ = U + dW or U = U~ - dW.
+        tokenizer: the model's tokenizer.
+        key: the private key.
+        config: thresholds, limits and batching.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        key: WatermarkKey,
+        config: DetectConfig | None = None,
+    ) -> None:
+        self.model, self.tokenizer, self.key = model, tokenizer, key
+        self.config = config or DetectConfig()
+        self.head_is_watermarked = (
+            check_key(model, key) if self.config.check_key else "watermarked"
+        ) == "watermarked"
+        self.weight = head(model).weight.detach()
+        self.bias = getattr(head(model), "bias", None)
+        self.device = model_device(model)
+        self.bos = bos_prefix(tokenizer)
+        self.never_green = torch.zeros(key.vocab_size, dtype=torch.bool)
+        self.never_green[torch.tensor(key.never_green, dtype=torch.long)] = True
+        self.perms = (
+            permutations(key.secret, key.n_lists, self.config.n_permutations)
+            if self.config.p_values
+            else None
+        )
+        self.threshold = self._threshold()
+
+    def _threshold(self) -> float | None:
+        if self.config.threshold is not None:
+            return self.config.threshold
+        if self.config.calibrated:
+            return calibrated_threshold(self.key, self.config.alpha)
+        return None
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def detect(
+        self,
+        texts: list[str] | list[list[int]],
+        prompts: list[str | None] | list[list[int] | None] | None = None,
+        *,
+        token_scores: bool = False,
+        progress: bool = False,
+    ) -> list[DetectionResult]:
+        """Score each text (a string, or token ids without special tokens).
+
+        A prompt, if given, conditions the scores; only the text itself is scored.
+        """
+        items = self._prepare(texts, prompts, token_scores)
+        results: list[DetectionResult | None] = [None] * len(items)
+        for i, item in enumerate(items):
+            if item.n_scored < self.config.min_tokens:
+                results[i] = DetectionResult(
+                    status="too_short",
+                    n_tokens=item.n_scored,
+                    truncated=item.truncated,
+                    rule=f"needs at least {self.config.min_tokens} scored tokens",
+                )
+        todo = sorted((i for i, r in enumerate(results) if r is None), key=lambda i: -len(items[i].text))
+        bar = tqdm(total=len(todo), desc="detecting", unit="text", disable=not progress)
+        for b in range(0, len(todo), self.config.batch_size):
+            batch = todo[b : b + self.config.batch_size]
+            stats, spans = self._score_batch([items[i] for i in batch])
+            for i, span in zip(batch, spans, strict=True):
+                results[i] = self._result(items[i], stats, span, token_scores)
+            bar.update(len(batch))
+        bar.close()
+        return results  # type: ignore[return-value]
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _prepare(self, texts, prompts, token_scores: bool) -> list[_Item]:
+        if isinstance(texts, str):
+            raise TypeError("detect() takes a list of texts; wrap a single text in a list")
+        prompts = list(prompts) if prompts is not None else [None] * len(texts)
+        if len(prompts) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(prompts)} prompts")
+        return [self._item(text, prompt, token_scores) for text, prompt in zip(texts, prompts, strict=True)]
+
+    def _item(self, text, prompt, token_scores: bool) -> _Item:
+        offsets, source = None, None
+        if isinstance(text, str):
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=token_scores)
+            ids, source = enc.input_ids, text
+            offsets = [tuple(o) for o in enc["offset_mapping"]] if token_scores else None
+        elif isinstance(text, (list, tuple)) and all(isinstance(t, int) for t in text):
+            ids = list(text)
+            if any(not 0 <= t < self.key.vocab_size for t in ids):
+                raise ValueError(f"token ids must lie in [0, {self.key.vocab_size})")
+        else:
+            raise TypeError(f"each text must be a string or a list of token ids, got {type(text).__name__}")
+        if isinstance(prompt, str):
+            prompt = self.tokenizer(prompt, add_special_tokens=False).input_ids
+        context = self.bos + list(prompt or [])
+        limit, truncated = self.config.max_tokens, False
+        if len(context) + len(ids) > limit:  # keep the prompt's end, then the text's start
+            truncated = True
+            room = max(limit - len(self.bos) - len(ids), 0)
+            context = self.bos + (context[len(self.bos) :][-room:] if room else [])
+            ids = ids[: limit - len(context)]
+            offsets = offsets[: len(ids)] if offsets else offsets
+        return _Item(context, ids, offsets, source, truncated)
+
+    @torch.inference_mode()
+    def _score_batch(self, items: list[_Item]) -> tuple[TokenStats, list[slice]]:
+        """One forward pass for the batch; statistics for every scored token."""
+        seqs = [it.context + it.text for it in items]
+        width = max(len(s) for s in seqs)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        starts = []
+        for i, seq in enumerate(seqs):
+            start = 0 if self.config.padding_side == "right" else width - len(seq)
+            ids[i, start : start + len(seq)] = torch.tensor(seq)
+            mask[i, start : start + len(seq)] = 1
+            starts.append(start)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = final_hidden(
+            self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        )
+        rows, cols, targets, spans = [], [], [], []
+        for i, (it, start) in enumerate(zip(items, starts, strict=True)):
+            first = len(it.context) if it.context else 1  # index of the first scored token in seq
+            idx = torch.arange(start + first, start + len(seqs[i]))
+            spans.append(slice(len(targets), len(targets) + len(idx)))
+            rows.append(torch.full_like(idx, i))
+            cols.append(idx - 1)  # the hidden state before a token predicts it
+            targets.extend(seqs[i][first:])
+        h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
+        stats = token_stats(
+            h,
+            torch.tensor(targets, device=self.device),
+            self.weight,
+            self.key,
+            bias=self.bias,
+            head_is_watermarked=self.head_is_watermarked,
+            with_null=self.config.p_values,
+            chunk=self.config.chunk_tokens,
+        )
+        return _to_cpu(stats), spans
+
+    def _result(self, item: _Item, stats: TokenStats, span: slice, token_scores: bool) -> DetectionResult:
+        llr = stats.llr[span]
+        n = len(llr)
+        detectors = {
+            "llr": float(llr.mean()),
+            "discrete_llr": float(stats.discrete[span].mean()),
+            "green_fraction": float(stats.green[span].float().mean()),
+            **self._binomial(item, stats, span),
+        }
+        p_value, test = None, None
+        if self.perms is not None:
+            statistic, p_value, z = permutation_pvalue(
+                stats.selector[span], stats.residual[span], self.perms, self.key.delta
+            )
+            detectors.update(centred_llr=statistic / n, permutation_z=z)
+            test = PERMUTATION_TEST.format(k=len(self.perms))
+        score = detectors["llr"]
+        if self.threshold is not None:
+            decision, rule = score > self.threshold, f"llr > {self.threshold:.4g}"
+        elif p_value is not None:
+            decision, rule = p_value <= self.config.alpha, f"p <= {self.config.alpha:g}"
+        else:
+            decision, rule = None, "no threshold: pass a threshold, calibrate the key, or enable p-values"
+        result = DetectionResult(
+            status="ok",
+            n_tokens=n,
+            score=score,
+            p_value=p_value,
+            test=test,
+            decision=decision,
+            rule=rule,
+            detectors=detectors,
+            truncated=item.truncated,
+        )
+        if token_scores:
+            result.token_scores = [round(float(v), 5) for v in llr]
+            result.tokens = self._pieces(item)
+        return result
+
+    def _binomial(self, item: _Item, stats: TokenStats, span: slice) -> dict[str, float]:
+        """Green count over unique (token, selected list) pairs; exact binomial p-value.
+
+        Repeated pairs are counted once (their memberships are not independent), and
+        tokens that are in no list are left out, so under a random key each counted pair
+        is green with probability exactly gamma.
+        """
+        first = len(item.context) if item.context else 1
+        targets = (item.context + item.text)[first:]
+        pairs = {}
+        for t, sel, g in zip(targets, stats.selected[span].tolist(), stats.green[span].tolist(), strict=True):
+            if not self.never_green[t]:
+                pairs[(t, sel)] = g
+        n, k, gamma = len(pairs), sum(pairs.values()), self.key.gamma
+        if n == 0:
+            return {"binomial_z": float("nan"), "binomial_p": float("nan"), "binomial_pairs": 0}
+        z = (k - gamma * n) / math.sqrt(n * gamma * (1 - gamma))
+        return {"binomial_z": z, "binomial_p": float(binom.sf(k - 1, n, gamma)), "binomial_pairs": n}
+
+    def _pieces(self, item: _Item) -> list[str]:
+        first = 0 if item.context else 1
+        if item.offsets is not None and item.source is not None:
+            return [item.source[a:b] for a, b in item.offsets[first:]]
+        return [self.tokenizer.decode([t]) for t in item.text[first:]]
+
+
+def _to_cpu(stats: TokenStats) -> TokenStats:
+    return TokenStats(
+        **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.__dict__.items()}
+    )

@@ -1,0 +1,57 @@
+"""The detection result: evidence, not just a verdict. The CLI, the HTTP service and the
+reports all render this one object."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class DetectionResult:
+    """One text's detection.
+
+    Attributes:
+        status: ``ok``, or ``too_short`` (fewer scored tokens than the minimum; no score).
+        n_tokens: tokens scored (the completion only, never the prompt).
+        score: mean per-token LLR (the paper's length-normalised score).
+        p_value: p-value of ``test`` (valid when the text is independent of the key).
+        test: the test behind ``p_value``.
+        decision: True if flagged as watermarked under ``rule``.
+        rule: what the decision compared (e.g. ``p <= 0.01``).
+        detectors: every detector's score from the same forward pass.
+        token_scores: per-token LLR, when asked for.
+        tokens: the scored tokens' text pieces, when asked for.
+    """
+
+    status: str
+    n_tokens: int
+    score: float | None = None
+    p_value: float | None = None
+    test: str | None = None
+    decision: bool | None = None
+    rule: str | None = None
+    detectors: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+    token_scores: list[float] | None = None
+    tokens: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.token_scores is None:
+            data.pop("token_scores")
+        if self.tokens is None:
+            data.pop("tokens")
+        return _finite(data)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: replace non-finite floats with None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

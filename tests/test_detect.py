@@ -1,0 +1,149 @@
+import math
+
+import pytest
+import torch
+from scipy.stats import kstest
+from sklearn.metrics import roc_auc_score
+
+from openstamp.config import DetectConfig
+from openstamp.corpus import load_documents
+from openstamp.detect import Detector
+from openstamp.embed import build_key, record_model
+from openstamp.generate import sample_completions
+from openstamp.key import KeyMismatchError
+from openstamp.models import load_model
+from openstamp.patch import apply_watermark, head, is_tied
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir, corpus_file, tiny_config):
+    """Base model, watermarked model (delta 2), its key, a second key, and samples from both."""
+    base, tok = load_model(str(tiny_model_dir))
+    docs = load_documents(str(corpus_file))
+    cfg = tiny_config.with_overrides({"green.delta": 2.0})
+    key = build_key(base, tok, docs, cfg, secret=bytes([7]) * 32, progress=False)
+    other_key = build_key(base, tok, docs, cfg, secret=bytes([8]) * 32, progress=False)
+    model = watermarked(tiny_model_dir, key)
+    watermarked(tiny_model_dir, other_key)  # records the second key's fingerprints; the copy is dropped
+    prompts = [ids[:8] for ids in tok([d.text for d in docs[:40]], add_special_tokens=False).input_ids]
+    wm = sample_completions(model, tok, prompts, 48, seed=0, progress=False)
+    plain = sample_completions(base, tok, prompts, 48, seed=0, progress=False)
+    return dict(base=base, model=model, tok=tok, key=key, other_key=other_key, wm=wm, plain=plain)
+
+
+def watermarked(model_dir, key):
+    model, _ = load_model(str(model_dir))
+    original, tied = head(model).weight.detach().clone(), is_tied(model)
+    apply_watermark(model, key)
+    record_model(key, model, "tiny", original, tied)
+    return model
+
+
+def reference_llr(model, key, ids: list[int]) -> torch.Tensor:
+    """Paper Algorithm 1 with both full |V| x d matrices materialised."""
+    with torch.no_grad():
+        h = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, :-1].double()
+    u_wm = head(model).weight.double()
+    u_orig = u_wm - key.delta_w().double()
+    target = torch.tensor(ids[1:])
+    lp_wm = torch.log_softmax(h @ u_wm.T, -1)[torch.arange(len(target)), target]
+    lp_orig = torch.log_softmax(h @ u_orig.T, -1)[torch.arange(len(target)), target]
+    return (lp_wm - lp_orig).float()
+
+
+def test_low_rank_llr_matches_the_materialised_reference(setup):
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
+    for ids in setup["wm"][:3] + setup["plain"][:3]:
+        result = det.detect([ids], token_scores=True)[0]
+        expected = reference_llr(setup["model"], setup["key"], ids)
+        torch.testing.assert_close(torch.tensor(result.token_scores), expected, rtol=1e-4, atol=1e-4)
+        assert math.isclose(result.score, float(expected.detach().mean()), rel_tol=1e-4, abs_tol=1e-5)
+
+
+def test_original_model_plus_key_gives_the_same_scores(setup):
+    on_release = Detector(setup["model"], setup["tok"], setup["key"]).detect(setup["wm"][:4])
+    on_base = Detector(setup["base"], setup["tok"], setup["key"]).detect(setup["wm"][:4])
+    for a, b in zip(on_release, on_base, strict=True):
+        assert math.isclose(a.score, b.score, rel_tol=1e-4, abs_tol=1e-5)
+        assert a.p_value == b.p_value
+
+
+def test_left_and_right_padding_and_batching_give_identical_scores(setup):
+    texts = [setup["wm"][0][:20], setup["wm"][1], setup["plain"][2][:31]]
+    right = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(padding_side="right")).detect(
+        texts
+    )
+    left = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(padding_side="left")).detect(
+        texts
+    )
+    single = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(batch_size=1)).detect(texts)
+    for a, b, c in zip(right, left, single, strict=True):
+        assert abs(a.score - b.score) < 1e-5 and abs(a.score - c.score) < 1e-5
+        assert a.detectors["binomial_pairs"] == b.detectors["binomial_pairs"]
+
+
+def test_too_short_and_empty_texts_get_a_status_not_a_score(setup):
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=16))
+    results = det.detect(["", "river city", setup["tok"].decode(setup["wm"][0])])
+    assert [r.status for r in results] == ["too_short", "too_short", "ok"]
+    assert results[0].score is None and results[0].decision is None and results[0].n_tokens == 0
+
+
+def test_prompt_conditions_but_is_not_scored(setup):
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
+    text = setup["wm"][0]
+    alone, with_prompt = det.detect([text, text], prompts=[None, [5, 6, 7, 8]])
+    assert alone.n_tokens == len(text) - 1 and with_prompt.n_tokens == len(text)
+    assert alone.score != with_prompt.score
+
+
+def test_watermarked_samples_score_higher(setup):
+    det = Detector(setup["model"], setup["tok"], setup["key"])
+    wm = det.detect(setup["wm"])
+    plain = det.detect(setup["plain"])
+    wm_scores, plain_scores = [r.score for r in wm], [r.score for r in plain]
+    auroc = roc_auc_score([1] * len(wm) + [0] * len(plain), wm_scores + plain_scores)
+    assert auroc > 0.95  # 40 vs 40 samples of 48 tokens, fixed seeds
+    assert sum(wm_scores) / len(wm_scores) > sum(plain_scores) / len(plain_scores) + 0.3
+    # with only L=8 lists the permutation test has less power than on a real key
+    assert sum(r.p_value <= 0.01 for r in wm) >= 0.6 * len(wm)
+    assert sum(r.p_value <= 0.01 for r in plain) <= 2
+    for name in ("discrete_llr", "binomial_z", "centred_llr"):
+        mean_wm = sum(r.detectors[name] for r in wm) / len(wm)
+        mean_plain = sum(r.detectors[name] for r in plain) / len(plain)
+        assert mean_wm > mean_plain, name
+
+
+def test_watermarked_text_under_a_different_key_gets_uniform_p_values(setup):
+    # the other key's fingerprint is the base model's head: score with the base model
+    det = Detector(setup["base"], setup["tok"], setup["other_key"])
+    p = [r.p_value for r in det.detect(setup["wm"])]
+    assert kstest(p, "uniform").pvalue > 0.01
+    assert sum(v <= 0.05 for v in p) <= 6  # 40 texts; about 2 expected
+
+
+def test_wrong_model_for_the_key_is_refused(setup, tiny_model_dir):
+    from conftest import make_model
+
+    other = make_model(tied=False, vocab_size=setup["key"].vocab_size, seed=5)
+    with pytest.raises(KeyMismatchError, match="wrong key"):
+        Detector(other, setup["tok"], setup["key"])
+
+
+def test_bad_inputs(setup):
+    det = Detector(setup["model"], setup["tok"], setup["key"])
+    with pytest.raises(TypeError, match="list of texts"):
+        det.detect("a bare string")
+    with pytest.raises(TypeError, match="string or a list of token ids"):
+        det.detect([3.5])
+    with pytest.raises(ValueError, match="token ids must lie"):
+        det.detect([[10**9]])
+    with pytest.raises(ValueError, match="prompts"):
+        det.detect(["a", "b"], prompts=["x"])
+
+
+def test_long_texts_are_truncated(setup):
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(max_tokens=40, min_tokens=4))
+    result = det.detect([setup["wm"][0] + setup["wm"][1]], prompts=[[5] * 30])[0]
+    # the 30-token prompt no longer fits; without BOS or prompt the first token has no context
+    assert result.truncated and result.n_tokens == 39
