@@ -60,6 +60,29 @@ def test_low_rank_llr_matches_the_materialised_reference(setup):
         assert math.isclose(result.score, float(expected.detach().mean()), rel_tol=1e-4, abs_tol=1e-5)
 
 
+def test_discrete_and_binomial_statistics_match_a_reference(setup):
+    model, key = setup["model"], setup["key"]
+    det = Detector(model, setup["tok"], key, DetectConfig(min_tokens=4, vocab_block=64))  # several blocks
+    ids = setup["wm"][0]
+    result = det.detect([ids])[0]
+    with torch.no_grad():
+        h = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, :-1].double()
+    u_orig = head(model).weight.double() - key.delta_w().double()
+    sel = (h.float() @ key.selector_weights.T).argmax(-1)
+    green = key.green.double()
+    target = torch.tensor(ids[1:])
+    lp_orig = torch.log_softmax(h @ u_orig.T, -1)
+    lp_disc = torch.log_softmax(h @ u_orig.T + key.delta * green[:, sel].T, -1)
+    rows = torch.arange(len(target))
+    discrete = (lp_disc[rows, target] - lp_orig[rows, target]).mean()
+    assert math.isclose(result.detectors["discrete_llr"], float(discrete), rel_tol=1e-4, abs_tol=1e-5)
+    is_green = green[target, sel].bool()
+    assert math.isclose(result.detectors["green_fraction"], float(is_green.float().mean()), abs_tol=1e-6)
+    excluded = set(key.never_green)  # tokens in no list do not count
+    pairs = {(int(t), int(l)) for t, l in zip(target, sel, strict=True) if int(t) not in excluded}
+    assert result.detectors["binomial_pairs"] == len(pairs)
+
+
 def test_original_model_plus_key_gives_the_same_scores(setup):
     on_release = Detector(setup["model"], setup["tok"], setup["key"]).detect(setup["wm"][:4])
     on_base = Detector(setup["base"], setup["tok"], setup["key"]).detect(setup["wm"][:4])

@@ -188,7 +188,7 @@ class Detector:
             bias=self.bias,
             head_is_watermarked=self.head_is_watermarked,
             with_null=self.config.p_values,
-            chunk=self.config.chunk_tokens,
+            chunk=self.config.chunk_tokens, block=self.config.vocab_block, top_k=self.config.centring_top_k,
         )
         return _to_cpu(stats), spans
 

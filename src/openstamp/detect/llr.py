@@ -5,13 +5,16 @@ the watermarked logits are ``U~ h`` and the original logits ``U~ h - w``. For ea
 token x:
 
 * ``llr``       log p_wm(x) - log p_orig(x) = w_x - lse(z_wm) + lse(z_orig)   (paper eq. 3)
-* ``centred``   w_x - E_{p_orig}[w] = delta * s . (G[x] - m), m = G^T p_orig: the part of the
-                LLR that depends on the written token; LLR = centred - kappa with
-                kappa = log E e^w - E w >= 0 fixed by the context alone
-* ``discrete``  the LLR with the argmax list only: delta*G[x,l] - log(1 + (e^delta - 1) m_l)
+* ``centred``   delta * s . (G[x] - m): the watermark logit of x minus an estimate m of its
+                expectation under the original model (m_l = green mass of list l: exact over
+                the original model's top-k tokens, gamma times the rest). It is the statistic
+                of the permutation test, which stays exact for any such m because m does not
+                depend on G's column order.
+* ``discrete``  the LLR with the argmax list only: delta*G[x,l] - log(1 + (e^delta - 1) p_orig(G_l))
 * ``green``     x is in the argmax list (the binomial detector's indicator)
 
-Nothing here materialises a (B, T, |V|) tensor: rows are processed in chunks.
+The vocabulary is processed in blocks with an online log-sum-exp (as in flash attention), so
+each block of logits stays in cache and no (tokens, |V|) tensor is ever materialised.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ def token_stats(
     bias: torch.Tensor | None = None,
     head_is_watermarked: bool = True,
     with_null: bool = True,
+    top_k: int = 32,
     chunk: int = 512,
+    block: int = 2048,
 ) -> TokenStats:
     """Compute per-token statistics.
 
@@ -60,11 +65,12 @@ def token_stats(
         targets: (N,) the next tokens.
         weight: (V, d) the model's lm_head weight, U~ (or U if ``head_is_watermarked`` is False).
         bias: optional (V,) lm_head bias (unchanged by the watermark).
-        with_null: also compute m = G^T p_orig (one more |V| x L product per token), needed
-            for the centred score, the discrete LLR's exact normaliser and the permutation test.
+        with_null: also compute the centred score and its permutation ingredients.
+        top_k: original-model tokens whose green membership enters m exactly.
+        chunk: tokens per pass; block: vocabulary rows per block.
     """
-    green_t = key.green_float.to(hidden.device).T.contiguous()  # (L, V)
     green = key.green_float.to(hidden.device)  # (V, L)
+    green_t = green.T.contiguous()  # (L, V)
     parts = [
         _chunk_stats(
             hidden[i : i + chunk],
@@ -76,58 +82,78 @@ def token_stats(
             green_t,
             head_is_watermarked,
             with_null,
+            top_k,
+            block,
         )
         for i in range(0, len(hidden), chunk)
     ]
     if not parts:
-        L = key.n_lists
-        empty = torch.empty(0)
-        return TokenStats(
-            empty,
-            empty,
-            empty,
-            empty.bool(),
-            empty.long(),
-            torch.empty(0, L),
-            torch.empty(0, L) if with_null else None,
-        )
+        L, empty = key.n_lists, torch.empty(0)
+        residual = torch.empty(0, L) if with_null else None
+        return TokenStats(empty, empty, empty, empty.bool(), empty.long(), torch.empty(0, L), residual)
+    fields = ("llr", "centred", "discrete", "green", "selected", "selector")
     return TokenStats(
-        *(
-            torch.cat([getattr(p, f) for p in parts])
-            for f in ("llr", "centred", "discrete", "green", "selected", "selector")
-        ),
+        *(torch.cat([getattr(p, f) for p in parts]) for f in fields),
         residual=torch.cat([p.residual for p in parts]) if with_null else None,
     )
 
 
-def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, with_null) -> TokenStats:
-    delta = key.delta
+class _OnlineLSE:
+    """Running log-sum-exp over vocabulary blocks; ``update`` returns the rescale factor."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        self.max = torch.full((n,), -math.inf, device=device)
+        self.sum = torch.zeros(n, device=device)
+
+    def update(self, z: torch.Tensor, exp_in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        new = torch.maximum(self.max, z.amax(-1))
+        scale = torch.exp(self.max - new)
+        e = z.sub_(new[:, None]).exp_() if exp_in_place else torch.exp(z - new[:, None])
+        self.sum.mul_(scale).add_(e.sum(-1))
+        self.max = new
+        return e, scale
+
+    def value(self) -> torch.Tensor:
+        return self.sum.log() + self.max
+
+
+def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, with_null, top_k, block):
+    n, delta, device = len(h), key.delta, h.device
     s = key.selector_values(h)  # (n, L) fp32
-    z = F.linear(h, weight, bias).float()  # model head: U~ h or U h
-    w = (s @ green_t).mul_(delta)  # (n, V) watermark logits
-    if head_is_watermarked:
-        lse_wm = torch.logsumexp(z, -1)
-        z.sub_(w)  # z is now the original logits
-    else:
-        w.add_(z)
-        lse_wm = torch.logsumexp(w, -1)
-    del w
-    lse_orig = torch.logsumexp(z, -1)
-    g_x = green[x]  # (n, L) membership of each scored token in every list
-    w_x = delta * (s * g_x).sum(-1)
-    llr = w_x - lse_wm + lse_orig
     selected = s.argmax(-1)
+    lse_wm, lse_orig = _OnlineLSE(n, device), _OnlineLSE(n, device)
+    selected_mass = torch.zeros(n, device=device)  # sum of exp(z_orig - max) over the argmax list
+    top_values, top_index = [], []
+    for b in range(0, weight.shape[0], block):
+        z = F.linear(h, weight[b : b + block], None if bias is None else bias[b : b + block]).float()
+        if head_is_watermarked:  # z = U~ h; the original logits are z - w
+            lse_wm.update(z)
+            z.addmm_(s, green_t[:, b : b + block], alpha=-delta)
+        else:  # z = U h; the watermarked logits are z + w
+            lse_wm.update(torch.addmm(z, s, green_t[:, b : b + block], alpha=delta), exp_in_place=True)
+        if with_null:
+            k = min(top_k, z.shape[1])
+            values, index = torch.topk(z, k, dim=-1)
+            top_values.append(values)
+            top_index.append(index + b)
+        e, scale = lse_orig.update(z, exp_in_place=True)  # z now holds exp(z_orig - running max)
+        in_selected = green_t[selected, b : b + block]
+        selected_mass.mul_(scale).add_((e * in_selected).sum(-1))
+    g_x = green[x]  # (n, L) membership of each scored token in every list
+    llr = delta * (s * g_x).sum(-1) - lse_wm.value() + lse_orig.value()
     is_green = g_x.gather(1, selected[:, None]).squeeze(1) > 0
-    p_orig = z.sub_(lse_orig[:, None]).exp_()  # in place: original next-token probabilities
+    discrete = delta * is_green.float() - torch.log1p(math.expm1(delta) * selected_mass / lse_orig.sum)
+    residual, centred = None, torch.full_like(llr, float("nan"))
     if with_null:
-        m = p_orig @ green  # (n, L) green mass of every list under the original model
+        values, index = torch.cat(top_values, 1), torch.cat(top_index, 1)
+        values, pick = torch.topk(values, min(top_k, values.shape[1]), dim=-1)
+        index = index.gather(1, pick)
+        p_top = torch.exp(values - lse_orig.value()[:, None])  # (n, k) original probabilities
+        m = torch.bmm(p_top[:, None, :], green[index]).squeeze(1) + key.gamma * (
+            1 - p_top.sum(-1, keepdim=True)
+        )
         residual = g_x - m
         centred = delta * (s * residual).sum(-1)
-        mass_sel = m.gather(1, selected[:, None]).squeeze(1)
-    else:
-        residual, centred = None, torch.full_like(llr, float("nan"))
-        mass_sel = (p_orig * green_t[selected]).sum(-1)
-    discrete = delta * is_green.float() - torch.log1p(math.expm1(delta) * mass_sel)
     return TokenStats(llr, centred, discrete, is_green, selected, s, residual)
 
 
