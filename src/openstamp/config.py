@@ -193,8 +193,12 @@ class DetectConfig:
     max_tokens: int = _help(2048, "longer inputs are truncated to this many tokens (prompt first)")
     batch_size: int = _help(16, "texts per forward pass")
     chunk_tokens: int = _help(512, "tokens per head computation")
-    vocab_block: int = _help(2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block")
-    centring_top_k: int = _help(32, "original-model tokens whose green membership centres the permutation statistic")
+    vocab_block: int = _help(
+        2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block"
+    )
+    centring_top_k: int = _help(
+        32, "original-model tokens whose green membership centres the permutation statistic"
+    )
     padding_side: str = _help("right", "right or left; scores do not depend on it")
     check_key: bool = _help(True, "refuse a key whose recorded lm_head fingerprint does not match the model")
 
@@ -208,7 +212,10 @@ class DetectConfig:
         _check(
             self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens"
         )
-        _check(min(self.batch_size, self.chunk_tokens, self.vocab_block) >= 1, "batch and block sizes must be >= 1")
+        _check(
+            min(self.batch_size, self.chunk_tokens, self.vocab_block) >= 1,
+            "batch and block sizes must be >= 1",
+        )
         _check(self.centring_top_k >= 1, "centring_top_k must be >= 1")
         _check(self.padding_side in ("left", "right"), "padding_side must be left or right")
         _check(

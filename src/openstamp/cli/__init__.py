@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from openstamp.cli.calibrate import calibrate
 from openstamp.cli.demo import demo
+from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
 
 app = typer.Typer(
@@ -14,8 +16,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.command()(embed)
 app.command()(demo)
+app.command()(embed)
+app.command()(detect)
+app.command()(calibrate)
 
 
 def main() -> None:

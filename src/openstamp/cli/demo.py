@@ -1,20 +1,19 @@
-"""openstamp demo: embed on the packaged model, sample from both models, show the result."""
+"""openstamp demo: embed on the packaged model, sample from both models, detect, report."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from rich.panel import Panel
 from rich.table import Table
 
-from openstamp.cli.common import CacheOption, ModelOption, console, friendly_errors, setup_logging
+from openstamp.cli.common import CacheOption, ModelOption, console, friendly_errors, out, setup_logging
 
 
 @friendly_errors
 def demo(
-    out: Path = typer.Option(
-        Path("runs/demo"), help="run directory (model/, key/, demo.json); replaced if present"
+    out_dir: Path = typer.Option(
+        Path("runs/demo"), "--out", help="run directory (model/, key/, demo.json); replaced if present"
     ),
     model: str = ModelOption,
     corpus: str = typer.Option("wikipedia", help="corpus that builds the key"),
@@ -22,17 +21,18 @@ def demo(
     profile: str = typer.Option("default", help="embedding profile"),
     n: int = typer.Option(4, help="number of prompts"),
     prompt_tokens: int = typer.Option(32, help="tokens per prompt"),
-    new_tokens: int = typer.Option(64, help="tokens sampled per completion"),
+    new_tokens: int = typer.Option(96, help="tokens sampled per completion"),
     seed: int = typer.Option(0, help="sampling seed (both models use the same one)"),
     cache_dir: Path | None = CacheOption,
     quiet: bool = typer.Option(False, help="no progress bars"),
 ) -> None:
-    """Embed a watermark, sample from the original and watermarked models, and compare."""
+    """Embed a watermark, sample from the original and watermarked models, detect, and compare."""
     from transformers import AutoModelForCausalLM
 
     from openstamp.cli.embed import print_summary
-    from openstamp.config import load_profile
+    from openstamp.config import DetectConfig, load_profile
     from openstamp.corpus import load_documents, split_documents
+    from openstamp.detect import Detector
     from openstamp.embed import embed as run_embed
     from openstamp.generate import sample_completions
     from openstamp.models import load_model
@@ -40,13 +40,13 @@ def demo(
     from openstamp.text import prompt_windows
 
     setup_logging(quiet)
-    out.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     console.rule("1. embed")
     result = run_embed(
         model,
         corpus,
-        out / "model",
-        out / "key",
+        out_dir / "model",
+        out_dir / "key",
         load_profile(profile),
         cache_dir=cache_dir,
         overwrite=True,
@@ -67,34 +67,62 @@ def demo(
     for name, m in (("original", original), ("watermarked", released)):
         ids = sample_completions(m, tokenizer, prompt_ids, new_tokens, seed=seed, progress=not quiet)
         samples[name] = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    samples["human"] = tokenizer.batch_decode([c for _, c in windows], skip_special_tokens=True)
 
+    console.rule("3. detect (the completion text alone, without its prompt)")
+    detector = Detector(released, tokenizer, result.key, DetectConfig(min_tokens=min(16, new_tokens)))
+    scores = {name: detector.detect(texts) for name, texts in samples.items()}
     records = []
     for i, p in enumerate(prompt_ids):
-        record = {"prompt": tokenizer.decode(p), **{k: v[i] for k, v in samples.items()}}
+        record = {
+            "prompt": tokenizer.decode(p),
+            **{k: v[i] for k, v in samples.items()},
+            "detection": {k: v[i].to_dict() for k, v in scores.items()},
+        }
         records.append(record)
-        table = Table(show_header=True, expand=True)
+        table = Table(title=f"prompt {i + 1}: ...{record['prompt'][-90:]!r}", expand=True, show_lines=True)
         table.add_column("original model")
         table.add_column("watermarked model")
         table.add_row(record["original"], record["watermarked"])
-        console.print(Panel(table, title=f"prompt {i + 1}: {record['prompt'][-120:]!r}"))
-    atomic_write_json(
-        out / "demo.json",
-        {
-            "settings": {
-                "model": model,
-                "corpus": corpus,
-                "prompts": prompts,
-                "profile": profile,
-                "new_tokens": new_tokens,
-                "seed": seed,
-                "key_id": result.key.key_id,
-            },
-            "samples": records,
-        },
-    )
+        table.add_row(*(_verdict(scores[k][i]) for k in ("original", "watermarked")))
+        out.print(table)
+    out.print(_summary(scores, detector.config))
+    settings = {
+        "model": model,
+        "corpus": corpus,
+        "prompts": prompts,
+        "profile": profile,
+        "new_tokens": new_tokens,
+        "seed": seed,
+        "key_id": result.key.key_id,
+    }
+    atomic_write_json(out_dir / "demo.json", {"settings": settings, "samples": records})
     console.print(
-        f"watermarked checkpoint: [bold]{result.model_dir}[/]  (load it with plain "
-        "AutoModelForCausalLM.from_pretrained)"
+        f"watermarked checkpoint: [bold]{result.model_dir}[/] (plain AutoModelForCausalLM.from_pretrained)"
     )
-    console.print(f"private key:            [bold]{result.key_dir}[/]  (keep it secret)")
-    console.print(f"samples:                [bold]{out / 'demo.json'}[/]")
+    console.print(f"private key:            [bold]{result.key_dir}[/] (keep it secret)")
+    console.print(f"samples and scores:     [bold]{out_dir / 'demo.json'}[/]")
+
+
+def _verdict(result) -> str:
+    if result.status != "ok":
+        return f"[dim]{result.status}[/]"
+    flag = "[bold green]watermarked[/]" if result.decision else "not flagged"
+    return f"{flag}: mean LLR {result.score:+.3f}, p = {result.p_value:.3g}"
+
+
+def _summary(scores: dict, config) -> Table:
+    table = Table(
+        title=f"detection at false-positive rate {config.alpha:g} ({config.n_permutations} permutations)"
+    )
+    for column in ("completions by", "mean LLR", "median p-value", "flagged"):
+        table.add_column(column)
+    for name, results in scores.items():
+        ok = [r for r in results if r.status == "ok"]
+        mean = sum(r.score for r in ok) / max(len(ok), 1)
+        median_p = sorted(r.p_value for r in ok)[len(ok) // 2] if ok else float("nan")
+        label = "human (real continuation)" if name == "human" else f"{name} model"
+        table.add_row(
+            label, f"{mean:+.3f}", f"{median_p:.3g}", f"{sum(bool(r.decision) for r in ok)} / {len(results)}"
+        )
+    return table

@@ -87,3 +87,50 @@ def qq_plot(p_values: np.ndarray, path: str | os.PathLike, title: str) -> Path:
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude: set[str]) -> list[str]:
+    """``n`` windows of ``length`` tokens from the held-out part of ``corpora``, decoded to text.
+
+    Documents listed in ``exclude`` (sha256 of the texts that built the key) are skipped, and
+    corpora are interleaved window by window.
+    """
+    from openstamp.corpus import load_documents, split_documents
+    from openstamp.text import encode
+
+    per_corpus = []
+    for spec in corpora:
+        docs = [d for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]
+        windows = []
+        for ids in encode(tokenizer, [d.text for d in docs]):
+            windows.extend(ids[i : i + length] for i in range(0, len(ids) - length + 1, length))
+        per_corpus.append(windows)
+    mixed = [w for group in zip(*per_corpus, strict=False) for w in group]
+    mixed += [w for windows in per_corpus for w in windows[min(map(len, per_corpus)) :]]
+    if len(mixed) < n:
+        raise ValueError(
+            f"the held-out reference text gives {len(mixed)} windows of {length} tokens, fewer than {n}"
+        )
+    return tokenizer.batch_decode(mixed[:n], skip_special_tokens=True)
+
+
+def calibration_record(results, alphas, reference: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
+    """LLR thresholds and the observed behaviour of the p-values on null (reference) text."""
+    from scipy.stats import kstest
+
+    ok = [r for r in results if r.status == "ok"]
+    scores = np.array([r.score for r in ok])
+    p_values = np.array([r.p_value for r in ok if r.p_value is not None])
+    record = {
+        **reference,
+        "n_texts": len(ok),
+        "llr_thresholds": empirical_thresholds(scores, alphas),
+        "llr_null_mean": float(scores.mean()),
+        "llr_null_sd": float(scores.std()),
+    }
+    if len(p_values):
+        record.update(
+            p_value_observed_fpr=observed_rates(p_values, alphas),
+            p_value_ks_uniform=float(kstest(p_values, "uniform").pvalue),
+        )
+    return record, p_values

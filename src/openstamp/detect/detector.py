@@ -77,6 +77,24 @@ class Detector:
         )
         self.threshold = self._threshold()
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        key: str,
+        config: DetectConfig | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        cache_dir: str | None = None,
+    ) -> Detector:
+        """Load a model (directory, hub id or packaged alias) and a key directory."""
+        from openstamp.models import load_model
+
+        watermark_key = WatermarkKey.load(key)
+        loaded, tokenizer = load_model(model, dtype=dtype, device=device, cache_dir=cache_dir)
+        return cls(loaded, tokenizer, watermark_key, config)
+
     def _threshold(self) -> float | None:
         if self.config.threshold is not None:
             return self.config.threshold
@@ -188,7 +206,9 @@ class Detector:
             bias=self.bias,
             head_is_watermarked=self.head_is_watermarked,
             with_null=self.config.p_values,
-            chunk=self.config.chunk_tokens, block=self.config.vocab_block, top_k=self.config.centring_top_k,
+            chunk=self.config.chunk_tokens,
+            block=self.config.vocab_block,
+            top_k=self.config.centring_top_k,
         )
         return _to_cpu(stats), spans
 

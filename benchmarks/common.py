@@ -1,0 +1,58 @@
+"""Helpers shared by the benchmark scripts (run them from the repository root)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+DEMO = Path("runs/demo")
+
+
+def ensure_key(model_dir: Path, key_dir: Path, profile: str = "small") -> None:
+    """Build a watermarked checkpoint and key with ``openstamp embed`` if they are missing."""
+    if (model_dir / "config.json").exists() and (key_dir / "key.json").exists():
+        return
+    cmd = [sys.executable, "-m", "openstamp.cli", "embed", "--out", str(model_dir), "--key", str(key_dir),
+           "--profile", profile, "--overwrite", "--quiet"]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def timed(fn, repeats: int = 3) -> list[float]:
+    """Wall seconds of ``repeats`` calls after one warm-up."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def interleaved(fns: dict, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of each function, run in turn A B C A B C ... so drift hits all alike."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def write_result(name: str, data: dict) -> Path:
+    from openstamp.embed import versions
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = {"benchmark": name, "versions": versions(), **data}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path

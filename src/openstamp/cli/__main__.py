@@ -1,0 +1,3 @@
+from openstamp.cli import main
+
+main()

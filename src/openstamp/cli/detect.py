@@ -1,0 +1,143 @@
+"""openstamp detect: score texts for the watermark (JSON lines out, or a table on a terminal)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from openstamp.cli.common import (
+    CacheOption,
+    DeviceOption,
+    DtypeOption,
+    console,
+    friendly_errors,
+    out,
+    setup_logging,
+)
+
+
+def read_inputs(path: Path | None, texts: list[str] | None) -> tuple[list[str], list[str | None], list]:
+    """Texts, prompts and ids from --text, a .txt file (one text per line), a .jsonl file, or '-' (stdin)."""
+    if texts:
+        return list(texts), [None] * len(texts), list(range(len(texts)))
+    if path is None:
+        raise ValueError("give an input file (.txt or .jsonl), '-' for stdin, or --text")
+    if str(path) == "-":
+        lines = sys.stdin.read().splitlines()
+        return lines, [None] * len(lines), list(range(len(lines)))
+    if not path.exists():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"input {path} is a directory; give a .txt or .jsonl file")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"input file {path} is not UTF-8 text: {err}") from err
+    if path.suffix != ".jsonl":
+        lines = content.splitlines()
+        return lines, [None] * len(lines), list(range(len(lines)))
+    out_texts, prompts, ids = [], [], []
+    for n, line in enumerate(content.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not valid JSON: {err}") from err
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{path}:{n} needs a string field 'text'")
+        prompt = record.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"{path}:{n} field 'prompt' must be a string")
+        out_texts.append(record["text"])
+        prompts.append(prompt)
+        ids.append(record.get("id", n - 1))
+    return out_texts, prompts, ids
+
+
+@friendly_errors
+def detect(
+    input: Path | None = typer.Argument(
+        None, help=".txt (one text per line), .jsonl (text, optional prompt/id) or -"
+    ),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="the watermarked checkpoint (or the original model)"
+    ),
+    key: Path = typer.Option(..., "--key", "-k", help="the private key directory"),
+    text: list[str] | None = typer.Option(None, "--text", help="a text to score (repeatable)"),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="write JSON lines here instead of stdout"
+    ),
+    fpr: float = typer.Option(0.01, help="false-positive rate of the decision"),
+    threshold: float | None = typer.Option(None, help="flag when the mean LLR exceeds this instead"),
+    calibrated: bool = typer.Option(False, help="flag with the key's calibrated LLR threshold for --fpr"),
+    token_scores: bool = typer.Option(False, help="include per-token LLR scores"),
+    html: Path | None = typer.Option(None, help="write per-token evidence as an HTML page"),
+    min_tokens: int = typer.Option(16, help="shorter texts are reported as too short"),
+    batch_size: int = typer.Option(16, help="texts per forward pass"),
+    p_values: bool = typer.Option(True, help="compute permutation p-values"),
+    permutations: int = typer.Option(999, help="permutations for the p-value"),
+    force: bool = typer.Option(False, help="skip the check that the key belongs to this model"),
+    dtype: str = DtypeOption,
+    device: str = DeviceOption,
+    cache_dir: Path | None = CacheOption,
+    quiet: bool = typer.Option(False, help="no progress bar"),
+) -> None:
+    """Score texts for the watermark of KEY in MODEL."""
+    from openstamp.config import DetectConfig
+    from openstamp.detect import Detector
+    from openstamp.detect.html import render
+    from openstamp.storage import atomic_write_text
+
+    setup_logging(quiet=True)
+    texts, prompts, ids = read_inputs(input, text)
+    config = DetectConfig(
+        alpha=fpr,
+        threshold=threshold,
+        calibrated=calibrated,
+        min_tokens=min_tokens,
+        batch_size=batch_size,
+        p_values=p_values,
+        n_permutations=permutations,
+        check_key=not force,
+    )
+    detector = Detector.from_pretrained(
+        model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir
+    )
+    want_tokens = token_scores or html is not None
+    results = detector.detect(texts, prompts, token_scores=want_tokens, progress=not quiet and len(texts) > 8)
+    records = []
+    for i, result in zip(ids, results, strict=True):
+        record = {"id": i, **result.to_dict()}
+        if not token_scores:
+            record.pop("token_scores", None)
+            record.pop("tokens", None)
+        records.append(record)
+    if html is not None:
+        atomic_write_text(html, render(results, [f"text {i}" for i in ids], detector.key.key_id))
+        console.print(f"per-token evidence: {html}")
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    if output is not None:
+        atomic_write_text(output, lines)
+    elif sys.stdout.isatty():
+        print_table(records)
+    else:
+        sys.stdout.write(lines)
+
+
+def print_table(records: list[dict]) -> None:
+    table = Table(title="OpenStamp detection")
+    for column in ("id", "status", "tokens", "mean LLR", "p-value", "watermarked?"):
+        table.add_column(column)
+    for r in records:
+        score = "" if r["score"] is None else f"{r['score']:+.3f}"
+        p = "" if r["p_value"] is None else f"{r['p_value']:.3g}"
+        flag = {True: "[bold green]yes[/]", False: "no", None: "-"}[r["decision"]]
+        table.add_row(str(r["id"]), r["status"], str(r["n_tokens"]), score, p, flag)
+    out.print(table)
+    if records and records[0].get("rule"):
+        out.print(f"decision rule: {records[-1]['rule']}")
