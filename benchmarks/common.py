@@ -17,8 +17,20 @@ def ensure_key(model_dir: Path, key_dir: Path, profile: str = "small") -> None:
     """Build a watermarked checkpoint and key with ``openstamp embed`` if they are missing."""
     if (model_dir / "config.json").exists() and (key_dir / "key.json").exists():
         return
-    cmd = [sys.executable, "-m", "openstamp.cli", "embed", "--out", str(model_dir), "--key", str(key_dir),
-           "--profile", profile, "--overwrite", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "openstamp.cli",
+        "embed",
+        "--out",
+        str(model_dir),
+        "--key",
+        str(key_dir),
+        "--profile",
+        profile,
+        "--overwrite",
+        "--quiet",
+    ]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 

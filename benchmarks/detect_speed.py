@@ -37,7 +37,9 @@ def windows(tokenizer, n: int, length: int) -> list[list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", type=Path, default=DEMO / "model")
     parser.add_argument("--key", type=Path, default=DEMO / "key")
     parser.add_argument("--batch", type=int, default=16)
@@ -103,21 +105,37 @@ def main() -> None:
     monitor, before = StageMonitor(interval=0.01), current_rss_mb()
     with monitor.stage("detect"):
         mem_det.detect(mem_seqs)
-    memory = {"rss_before_mb": round(before, 1), "peak_rss_mb": monitor.peak_rss_mb["detect"],
-              "peak_increase_mb": round(monitor.peak_rss_mb["detect"] - before, 1),
-              "batch": args.memory_batch, "length": args.memory_length}
+    memory = {
+        "rss_before_mb": round(before, 1),
+        "peak_rss_mb": monitor.peak_rss_mb["detect"],
+        "peak_increase_mb": round(monitor.peak_rss_mb["detect"] - before, 1),
+        "batch": args.memory_batch,
+        "length": args.memory_length,
+    }
 
-    write_result("detect_speed", {
-        "model": str(args.model), "batch": args.batch, "length": args.length, "tokens": tokens,
-        "threads": torch.get_num_threads(), "median_seconds": seconds, "tokens_per_second": throughput,
-        "ratio_to_plain_forward": ratios, "head_breakdown_ms_per_token": per_token_ms, "memory": memory,
-    })
+    write_result(
+        "detect_speed",
+        {
+            "model": str(args.model),
+            "batch": args.batch,
+            "length": args.length,
+            "tokens": tokens,
+            "threads": torch.get_num_threads(),
+            "median_seconds": seconds,
+            "tokens_per_second": throughput,
+            "ratio_to_plain_forward": ratios,
+            "head_breakdown_ms_per_token": per_token_ms,
+            "memory": memory,
+        },
+    )
     print(f"\n{'':30s}{'tok/s':>9s}{'x forward':>11s}")
     for name in fns:
         print(f"{name:30s}{throughput[name]:9.0f}{ratios[name]:11.2f}")
     print("\nper scored token (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in per_token_ms.items()))
-    print(f"peak memory of detection at {args.memory_batch}x{args.memory_length}: {memory['peak_rss_mb']:.0f} MB "
-          f"(+{memory['peak_increase_mb']:.0f} MB over the loaded model)")
+    print(
+        f"peak memory of detection at {args.memory_batch}x{args.memory_length}: "
+        f"{memory['peak_rss_mb']:.0f} MB (+{memory['peak_increase_mb']:.0f} MB over the loaded model)"
+    )
 
 
 if __name__ == "__main__":

@@ -6,27 +6,63 @@ from typer.testing import CliRunner
 from openstamp.cli import app
 
 runner = CliRunner()
-SMALL = ["--profile", "small", "--no-projection", "--lists", "6", "--set", "states.n_states=256",
-         "--set", "states.window_tokens=96", "--set", "selector.min_cluster_size=5", "--quiet"]
+SMALL = [
+    "--profile",
+    "small",
+    "--no-projection",
+    "--lists",
+    "6",
+    "--set",
+    "states.n_states=256",
+    "--set",
+    "states.window_tokens=96",
+    "--set",
+    "selector.min_cluster_size=5",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
 def release(tiny_model_dir, corpus_file, tmp_path_factory):
     root = tmp_path_factory.mktemp("release")
-    args = ["embed", "--model", str(tiny_model_dir), "--corpus", str(corpus_file), "--out", str(root / "model"),
-            "--key", str(root / "key"), *SMALL]
+    args = [
+        "embed",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus_file),
+        "--out",
+        str(root / "model"),
+        "--key",
+        str(root / "key"),
+        *SMALL,
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return root
 
 
 def run_detect(release, *args):
-    return runner.invoke(app, ["detect", "--model", str(release / "model"), "--key", str(release / "key"),
-                               "--min-tokens", "4", "--quiet", *args])
+    return runner.invoke(
+        app,
+        [
+            "detect",
+            "--model",
+            str(release / "model"),
+            "--key",
+            str(release / "key"),
+            "--min-tokens",
+            "4",
+            "--quiet",
+            *args,
+        ],
+    )
 
 
 def test_detect_texts_from_every_input_kind(release, tmp_path):
-    text = "the river city council voted on a new plan for public parks and schools while farmers reported rain"
+    text = (
+        "the river city council voted on a new plan for public parks and schools while farmers reported rain"
+    )
     result = run_detect(release, "--text", text, "--text", "")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
@@ -45,8 +81,9 @@ def test_detect_texts_from_every_input_kind(release, tmp_path):
 
 def test_detect_writes_output_and_html(release, tmp_path):
     text = "scientists measured the glacier and found it shrinking faster than expected the museum opened"
-    result = run_detect(release, "--text", text, "--output", str(tmp_path / "out.jsonl"), "--html",
-                        str(tmp_path / "e.html"))
+    result = run_detect(
+        release, "--text", text, "--output", str(tmp_path / "out.jsonl"), "--html", str(tmp_path / "e.html")
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "out.jsonl").read_text())["status"] == "ok"
     page = (tmp_path / "e.html").read_text()
@@ -73,27 +110,68 @@ def test_bad_input_files_give_clear_errors(release, tmp_path, content, name, mes
 
 
 def test_detect_refuses_the_wrong_key(release, tiny_model_dir, corpus_file, tmp_path):
-    other = ["embed", "--model", str(tiny_model_dir), "--corpus", str(corpus_file), "--out",
-             str(tmp_path / "model"), "--key", str(tmp_path / "key"), *SMALL]
+    other = [
+        "embed",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus_file),
+        "--out",
+        str(tmp_path / "model"),
+        "--key",
+        str(tmp_path / "key"),
+        *SMALL,
+    ]
     assert runner.invoke(app, other).exit_code == 0
-    result = runner.invoke(app, ["detect", "--model", str(release / "model"), "--key", str(tmp_path / "key"),
-                                 "--text", "some text here"])
+    result = runner.invoke(
+        app,
+        [
+            "detect",
+            "--model",
+            str(release / "model"),
+            "--key",
+            str(tmp_path / "key"),
+            "--text",
+            "some text here",
+        ],
+    )
     assert result.exit_code == 2 and "wrong key" in result.output
-    missing = runner.invoke(app, ["detect", "--model", str(release / "model"), "--key", str(tmp_path / "nokey"),
-                                  "--text", "x"])
+    missing = runner.invoke(
+        app, ["detect", "--model", str(release / "model"), "--key", str(tmp_path / "nokey"), "--text", "x"]
+    )
     assert missing.exit_code == 2 and "does not exist" in missing.output
 
 
 def test_calibrate_stores_thresholds_used_by_detect(release, corpus_file, tmp_path):
-    result = runner.invoke(app, ["calibrate", "--model", str(release / "model"), "--key", str(release / "key"),
-                                 "--corpus", str(corpus_file), "--n", "40", "--length", "32", "--fpr", "0.05,0.1",
-                                 "--report", str(tmp_path / "report"), "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "--model",
+            str(release / "model"),
+            "--key",
+            str(release / "key"),
+            "--corpus",
+            str(corpus_file),
+            "--n",
+            "40",
+            "--length",
+            "32",
+            "--fpr",
+            "0.05,0.1",
+            "--report",
+            str(tmp_path / "report"),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     header = json.loads((release / "key" / "key.json").read_text())
     thresholds = header["calibration"]["llr_thresholds"]
     assert set(thresholds) == {"0.05", "0.1"} and thresholds["0.05"] >= thresholds["0.1"]
     assert (tmp_path / "report" / "pvalues_qq.png").stat().st_size > 1000
-    text = "the museum opened an exhibit about ancient trade routes and coastal villages while farmers reported"
+    text = (
+        "the museum opened an exhibit about ancient trade routes and coastal villages while farmers reported"
+    )
     flagged = run_detect(release, "--text", text, "--calibrated", "--fpr", "0.05")
     record = json.loads(flagged.stdout)
     assert record["rule"] == f"llr > {thresholds['0.05']:.4g}"
@@ -102,13 +180,35 @@ def test_calibrate_stores_thresholds_used_by_detect(release, corpus_file, tmp_pa
 
 
 def test_demo_embeds_generates_and_detects(tiny_model_dir, corpus_file, tmp_path):
-    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--model", str(tiny_model_dir),
-                                 "--corpus", str(corpus_file), "--prompts", str(corpus_file), "--profile", "small",
-                                 "--n", "2", "--prompt-tokens", "8", "--new-tokens", "24", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "demo",
+            "--out",
+            str(tmp_path / "demo"),
+            "--model",
+            str(tiny_model_dir),
+            "--corpus",
+            str(corpus_file),
+            "--prompts",
+            str(corpus_file),
+            "--profile",
+            "small",
+            "--n",
+            "2",
+            "--prompt-tokens",
+            "8",
+            "--new-tokens",
+            "24",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert len(record["samples"]) == 2
     sample = record["samples"][0]
     assert set(sample["detection"]) == {"original", "watermarked", "human"}
     assert sample["detection"]["watermarked"]["status"] == "ok"
-    assert (tmp_path / "demo" / "model" / "config.json").exists() and (tmp_path / "demo" / "key" / "secret").exists()
+    assert (tmp_path / "demo" / "model" / "config.json").exists() and (
+        tmp_path / "demo" / "key" / "secret"
+    ).exists()

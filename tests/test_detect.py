@@ -79,7 +79,7 @@ def test_discrete_and_binomial_statistics_match_a_reference(setup):
     is_green = green[target, sel].bool()
     assert math.isclose(result.detectors["green_fraction"], float(is_green.float().mean()), abs_tol=1e-6)
     excluded = set(key.never_green)  # tokens in no list do not count
-    pairs = {(int(t), int(l)) for t, l in zip(target, sel, strict=True) if int(t) not in excluded}
+    pairs = {(int(t), int(c)) for t, c in zip(target, sel, strict=True) if int(t) not in excluded}
     assert result.detectors["binomial_pairs"] == len(pairs)
 
 

@@ -222,3 +222,70 @@ class DetectConfig:
             not (self.p_values and self.n_permutations < 1 / self.alpha - 1),
             f"{self.n_permutations} permutations cannot give p-values as small as alpha={self.alpha}",
         )
+
+
+DEFAULT_METHODS = ("openstamp", "openstamp-nosem", "unremovable", "gaussmark", "kgw", "kgw-llr")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """The paper's detection-vs-quality protocol (Evaluation protocol section, Table 1, Figure 2)."""
+
+    model: str = _help("smollm2-135m", "model to watermark (hub id, local directory or packaged alias)")
+    methods: tuple[str, ...] = _help(DEFAULT_METHODS, "methods to compare (see openstamp.methods.REGISTRY)")
+    corpus: str = _help("news,wikipedia", "prompt corpora, comma-separated; windows are interleaved")
+    key_corpus: str = _help(
+        "wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it"
+    )
+    n: int = _help(200, "prompts (and watermarked samples) per method and seed")
+    prompt_tokens: int = _help(50, "tokens of real text per prompt")
+    new_tokens: int = _help(200, "tokens per completion (min = max new tokens) and per human continuation")
+    temperature: float = _help(1.0, "sampling temperature")
+    top_p: float = _help(1.0, "nucleus sampling; 0.9 is the quality setting")
+    seeds: tuple[int, ...] = _help(
+        (0,), "seeds; each builds its own keys and samples; reported as mean +- sd"
+    )
+    strengths: dict = field(
+        default_factory=dict, metadata={"help": "method -> strength (default: the method's own)"}
+    )
+    sweep: bool = _help(False, "run each method over its strength grid for the Pareto plot")
+    grids: dict = field(default_factory=dict, metadata={"help": "method -> strength grid for the sweep"})
+    method_settings: dict = field(default_factory=dict, metadata={"help": "method -> {config field: value}"})
+    oracle: str = _help("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
+    batch_size: int = _help(32, "generation batch")
+    score_batch_size: int = _help(16, "detection batch")
+    dtype: str = _help("float32", "model dtype")
+    device: str = _help("cpu", "cpu, cuda or auto")
+
+    def __post_init__(self) -> None:
+        _check(
+            self.n >= 2 and self.prompt_tokens >= 1 and self.new_tokens >= 16, "need n >= 2, new_tokens >= 16"
+        )
+        _check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
+        _check(len(self.seeds) >= 1 and len(self.methods) >= 1, "need at least one seed and one method")
+        _check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
+        _reject_unknown(cls, data, "eval config")
+        data = dict(data)
+        for name in ("methods", "seeds"):
+            if name in data and isinstance(data[name], str):
+                data[name] = [v.strip() for v in data[name].split(",") if v.strip()]
+            if name in data:
+                data[name] = tuple(int(v) if name == "seeds" else v for v in data[name])
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str) -> EvalConfig:
+        """Read a YAML or JSON file of EvalConfig fields."""
+        import yaml
+
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a mapping of settings")
+        return cls.from_dict(data)

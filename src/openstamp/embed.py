@@ -93,12 +93,14 @@ def build_key(
     *,
     secret: bytes | None = None,
     progress: bool = True,
+    states: States | None = None,
 ) -> WatermarkKey:
-    """Sample hidden states, train P, fit S, and draw G from the secret."""
+    """Sample hidden states (unless given), train P, fit S, and draw G from the secret."""
     monitor = StageMonitor()
     check_head_input(model, tokenizer)
     with monitor.stage("hidden_states"):
-        states = collect_states(model, tokenizer, documents, cfg.states, progress)
+        if states is None:
+            states = collect_states(model, tokenizer, documents, cfg.states, progress)
     train, held = split_by_document(states, cfg.selector.heldout_fraction, cfg.selector.seed)
     projection, projection_stats = None, {}
     if cfg.projection.enabled:

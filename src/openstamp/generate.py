@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.models import model_device
 from openstamp.text import bos_prefix
@@ -30,6 +30,8 @@ def sample_completions(
     Batch ``b`` is seeded with ``seed + b``, so results do not depend on earlier batches.
     ``temperature=0`` decodes greedily.
     """
+    if isinstance(logits_processor, LogitsProcessor):
+        logits_processor = LogitsProcessorList([logits_processor])
     device = model_device(model)
     prefix = bos_prefix(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

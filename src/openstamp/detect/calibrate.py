@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from openstamp.evaluation.metrics import threshold_at_fpr
 from openstamp.key.key import WatermarkKey
 from openstamp.storage import atomic_write_json, read_json
 
@@ -27,14 +28,7 @@ DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
 
 def empirical_thresholds(null_scores: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:
     """Threshold tau per alpha such that at most a fraction alpha of ``null_scores`` exceeds tau."""
-    scores = np.sort(np.asarray(null_scores, dtype=np.float64))
-    if len(scores) == 0:
-        raise ValueError("no reference scores to calibrate on")
-    out = {}
-    for alpha in alphas:
-        allowed = int(np.floor(alpha * len(scores)))  # scores strictly above tau
-        out[f"{alpha:g}"] = float(scores[len(scores) - allowed - 1])
-    return out
+    return {f"{alpha:g}": threshold_at_fpr(null_scores, alpha) for alpha in alphas}
 
 
 def observed_rates(p_values: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:

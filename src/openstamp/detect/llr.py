@@ -183,3 +183,33 @@ def permutation_pvalue(
     sd = float(null.std()) if len(null) > 1 else float("nan")
     z = (observed - float(null.mean())) / sd if sd > 0 else float("nan")
     return observed, p, z
+
+
+def target_logprobs(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    chunk: int = 512,
+    block: int = 4096,
+) -> torch.Tensor:
+    """log softmax(W h + b)[target] for each row, without materialising (N, |V|) logits.
+
+    Args:
+        hidden: (N, d); targets: (N,); weight: (V, d).
+    Returns:
+        fp32 (N,).
+    """
+    out = []
+    for i in range(0, len(hidden), chunk):
+        h, x = hidden[i : i + chunk], targets[i : i + chunk]
+        lse = _OnlineLSE(len(h), h.device)
+        for b in range(0, weight.shape[0], block):
+            lse.update(
+                F.linear(h, weight[b : b + block], None if bias is None else bias[b : b + block]).float(),
+                exp_in_place=True,
+            )
+        picked = (h * weight[x]).sum(-1).float() + (0.0 if bias is None else bias[x].float())
+        out.append(picked - lse.value())
+    return torch.cat(out) if out else torch.empty(0)

@@ -1,0 +1,1 @@
+"""Evaluation: metrics from score arrays, the comparison pipeline, and reports."""

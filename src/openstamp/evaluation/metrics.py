@@ -1,0 +1,64 @@
+"""Metrics computed from score arrays, apart from any pipeline.
+
+Each metric is a plain function of numpy arrays; ``METRICS`` records whether higher is better.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import rankdata
+
+HIGHER_IS_BETTER = {"auroc": True, "tpr": True, "ppl": False, "seq_rep_3": False}
+
+
+def auroc(positives, negatives) -> float:
+    """Area under the ROC curve: P(score_pos > score_neg) + 0.5 P(tie) (Mann-Whitney U)."""
+    pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    ranks = rankdata(np.concatenate([pos, neg]))  # average ranks handle ties
+    u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2
+    return float(u / (len(pos) * len(neg)))
+
+
+def threshold_at_fpr(negatives, fpr: float) -> float:
+    """Smallest threshold tau such that at most a fraction ``fpr`` of negatives score above tau."""
+    neg = np.sort(np.asarray(negatives, dtype=np.float64))
+    if len(neg) == 0:
+        raise ValueError("no negative scores to choose a threshold on")
+    allowed = int(np.floor(fpr * len(neg)))  # negatives allowed strictly above tau
+    return float(neg[len(neg) - allowed - 1])
+
+
+def tpr_at_fpr(positives, negatives, fpr: float) -> dict:
+    """True-positive rate at a false-positive rate, with the threshold chosen on the negatives.
+
+    With fewer than 1/fpr negatives the threshold is the largest negative score, so the
+    realised false-positive rate is 0 and the figure is marked ``resolution_limited``.
+    """
+    threshold = threshold_at_fpr(negatives, fpr)
+    pos = np.asarray(positives, dtype=np.float64)
+    return {
+        "tpr": float(np.mean(pos > threshold)) if len(pos) else float("nan"),
+        "threshold": threshold,
+        "realised_fpr": float(np.mean(np.asarray(negatives) > threshold)),
+        "resolution_limited": len(negatives) < 1.0 / fpr,
+    }
+
+
+def seq_rep_n(tokens, n: int = 3) -> float:
+    """1 - unique n-grams / n-grams of one sequence (Welleck et al.)."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else float("nan")
+
+
+def bootstrap_ci(values, statistic=np.mean, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple:
+    """Percentile bootstrap interval of ``statistic`` over ``values``: (low, high)."""
+    data = np.asarray(values, dtype=np.float64)
+    data = data[np.isfinite(data)]
+    if len(data) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    stats = [statistic(data[rng.integers(0, len(data), len(data))]) for _ in range(n_boot)]
+    tail = (1 - level) / 2
+    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail))

@@ -1,0 +1,227 @@
+"""The comparison pipeline: prompts -> keys -> generations -> scores -> perplexity -> metrics -> report.
+
+Each stage writes its output under the run directory and is skipped when that output exists,
+so a killed run resumes where it stopped and re-scoring or re-rendering never regenerates.
+
+    run/
+      config.json                 the resolved EvalConfig
+      data/prompts.json           prompt and human-continuation token ids, document ids
+      keys/<method>/s<seed>/      each method's key
+      generations/<run>/b*.json   completions, one file per batch
+      scores/<run>.json           the run's detector on watermarked, human and unwatermarked text
+      ppl/<set>.json              oracle perplexities
+      results.json, samples.jsonl, report.md, *.png
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from openstamp.config import EvalConfig
+from openstamp.corpus import load_documents, split_documents
+from openstamp.evaluation.results import collect_results
+from openstamp.generate import sample_completions
+from openstamp.methods import REGISTRY, WatermarkMethod
+from openstamp.models import load_model
+from openstamp.storage import atomic_write_json, read_json
+from openstamp.text import prompt_windows
+
+log = logging.getLogger(__name__)
+
+
+def run_eval(cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
+    """Run (or resume) the comparison described by ``cfg`` into ``out``; return results.json's content."""
+    _check_config(cfg, out)
+    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    key_docs = split_documents(load_documents(cfg.key_corpus), "key")
+    windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
+    prompts = [w["prompt"] for w in windows]
+    runs = []
+    for seed in cfg.seeds:
+        generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress)
+        for name in cfg.methods:
+            method = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
+            for strength in strengths(cfg, method):
+                variant = method.with_strength(strength)
+                run = f"{name}@{strength:g}/s{seed}"
+                gen_name = generation_name(variant, strength, seed)
+                if variant.weight_level:
+                    variant.apply(model)
+                try:
+                    generate_set(
+                        out,
+                        gen_name,
+                        model,
+                        tokenizer,
+                        prompts,
+                        cfg,
+                        seed,
+                        variant.logits_processor(),
+                        progress,
+                    )
+                finally:
+                    if variant.weight_level:
+                        variant.revert(model)
+                score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
+                runs.append(
+                    {
+                        "run": run,
+                        "method": name,
+                        "strength": strength,
+                        "seed": seed,
+                        "generations": gen_name,
+                        "settings": variant.describe(),
+                    }
+                )
+    if cfg.oracle != "none":
+        del model
+        score_perplexity(out, cfg, tokenizer, windows, runs, progress)
+    results = collect_results(out, cfg, runs, windows)
+    atomic_write_json(out / "results.json", results)
+    from openstamp.evaluation.report import write_report
+
+    write_report(out)
+    return results
+
+
+def _check_config(cfg: EvalConfig, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.json"
+    if path.exists() and read_json(path, "run config") != json.loads(json.dumps(asdict(cfg))):
+        raise ValueError(f"{out} holds a run with different settings; choose another --out or delete it")
+    atomic_write_json(path, asdict(cfg))
+
+
+def load_windows(cfg: EvalConfig, tokenizer, exclude: set[str], out: Path) -> list[dict]:
+    """``n`` prompt windows with their human continuations, from documents no key was built on."""
+    path = out / "data" / "prompts.json"
+    if path.exists():
+        return read_json(path, "prompt cache")
+    groups = []
+    for spec in [c.strip() for c in cfg.corpus.split(",") if c.strip()]:
+        docs = [d for d in load_documents(spec) if d.sha256 not in exclude]
+        if spec == cfg.key_corpus:
+            docs = split_documents(docs, "heldout")
+        pairs = prompt_windows(tokenizer, [d.text for d in docs], cfg.prompt_tokens, cfg.new_tokens)
+        groups.append([{"corpus": spec, "prompt": p, "human": h} for p, h in pairs])
+    mixed = [w for row in _interleave(groups) for w in row]
+    if len(mixed) < cfg.n:
+        sizes = ", ".join(f"{len(g)} in {g[0]['corpus'] if g else '?'}" for g in groups)
+        raise ValueError(
+            f"the prompt corpora hold {len(mixed)} windows of {cfg.prompt_tokens}+{cfg.new_tokens} "
+            f"tokens ({sizes}), fewer than n={cfg.n}; add a corpus (e.g. --corpus news,wikipedia)"
+        )
+    windows = mixed[: cfg.n]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, windows)
+    return windows
+
+
+def _interleave(groups: list[list]) -> list[list]:
+    longest = max(map(len, groups), default=0)
+    return [[g[i] for g in groups if i < len(g)] for i in range(longest)]
+
+
+def keyed_method(out: Path, name: str, seed: int, cfg: EvalConfig, model, tokenizer, docs) -> WatermarkMethod:
+    """Build a method's key for this seed, or load it from the run directory."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    method = cls(cls.config_class(**cfg.method_settings.get(name, {})))
+    directory = out / "keys" / name / f"s{seed}"
+    if (directory / "done").exists():
+        method.load(directory)
+        return method
+    log.info("building the %s key for seed %d", name, seed)
+    method.build(model, tokenizer, docs, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    method.save(directory)
+    (directory / "done").write_text("")
+    return method
+
+
+def strengths(cfg: EvalConfig, method: WatermarkMethod) -> list[float]:
+    if cfg.sweep:
+        return [float(v) for v in cfg.grids.get(method.name, method.sweep)]
+    return [float(cfg.strengths.get(method.name, method.strength_value))]
+
+
+def generation_name(method: WatermarkMethod, strength: float, seed: int) -> str:
+    """Methods that generate alike (KGW scored two ways) share their generations."""
+    family = getattr(method, "generation_family", method.name)
+    return f"{family}@{strength:g}/s{seed}"
+
+
+def generate_set(out, name, model, tokenizer, prompts, cfg, seed, processor, progress) -> list[list[int]]:
+    """Completions of every prompt, generated batch by batch; finished batches are kept on disk."""
+    directory = out / "generations" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    completions: list[list[int]] = []
+    for b, start in enumerate(range(0, len(prompts), cfg.batch_size)):
+        path = directory / f"b{b:04d}.json"
+        if not path.exists():
+            if progress:
+                log.info("generating %s: batch %d of %d", name, b + 1, -(-len(prompts) // cfg.batch_size))
+            ids = sample_completions(
+                model,
+                tokenizer,
+                prompts[start : start + cfg.batch_size],
+                cfg.new_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                seed=seed * 100_003 + b,
+                batch_size=cfg.batch_size,
+                logits_processor=processor,
+                progress=False,
+            )
+            atomic_write_json(path, ids)
+        completions.extend(read_json(path, "generation batch"))
+    return completions
+
+
+def load_generations(out: Path, name: str) -> list[list[int]]:
+    files = sorted((out / "generations" / name).glob("b*.json"))
+    return [ids for f in files for ids in read_json(f, "generation batch")]
+
+
+def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) -> None:
+    """The run's detector on its watermarked text and on both negative sets, all as decoded text."""
+    path = out / "scores" / f"{run.replace('/', '_')}.json"
+    if path.exists():
+        return
+    sets = {
+        "watermarked": load_generations(out, gen_name),
+        "human": [w["human"] for w in windows],
+        "unwatermarked": load_generations(out, f"unwatermarked/s{seed}"),
+    }
+    scores = {}
+    for name, ids in sets.items():
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        scores[name] = [asdict(s) for s in method.score(model, tokenizer, texts, cfg.score_batch_size)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, scores)
+
+
+def score_perplexity(out, cfg, tokenizer, windows, runs, progress) -> None:
+    """Oracle perplexity of every completion set given its prompts (and of the human continuations)."""
+    from openstamp.evaluation.oracle import perplexities
+
+    prompts = tokenizer.batch_decode([w["prompt"] for w in windows], skip_special_tokens=True)
+    sets = {"human": [w["human"] for w in windows]}
+    for seed in cfg.seeds:
+        sets[f"unwatermarked/s{seed}"] = None
+    for r in runs:
+        sets[r["generations"]] = None
+    todo = [s for s in sets if not (out / "ppl" / f"{s.replace('/', '_')}.json").exists()]
+    if not todo:
+        return
+    oracle, oracle_tok = load_model(cfg.oracle, dtype=cfg.dtype, device=cfg.device)
+    for name in todo:
+        ids = sets[name] if sets[name] is not None else load_generations(out, name)
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        values = perplexities(oracle, oracle_tok, prompts, texts, progress=progress)
+        (out / "ppl").mkdir(exist_ok=True)
+        atomic_write_json(out / "ppl" / f"{name.replace('/', '_')}.json", values)

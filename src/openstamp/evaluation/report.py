@@ -1,0 +1,210 @@
+"""Render a run directory's results.json as report.md with ROC curves, score histograms and a Pareto plot.
+
+Everything printed comes from results.json (and, for the plots, the cached score files), so
+``openstamp report DIR`` re-renders without generating or scoring anything.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from openstamp.storage import atomic_write_text, read_json
+
+COLUMNS = [
+    ("AUROC", "auroc"),
+    ("TPR@1%FPR", "tpr_at_1pct_fpr"),
+    ("TPR@0.1%FPR", "tpr_at_0.1pct_fpr"),
+    ("AUROC vs unwm.", "auroc_vs_unwatermarked"),
+    ("PPL mean", "ppl_mean"),
+    ("PPL median", "ppl_median"),
+    ("PPL ratio", "ppl_ratio_median"),
+    ("seq-rep-3", "seq_rep_3"),
+]
+
+
+def fmt(stat: dict | None, digits: int = 3) -> str:
+    """``mean`` or ``mean ± sd`` (several seeds); '-' when missing."""
+    if not stat or stat.get("mean") is None:
+        return "-"
+    mean, sd = stat["mean"], stat.get("sd")
+    text = f"{mean:.{digits}f}"
+    return text if not sd else f"{text} ± {sd:.{digits}f}"
+
+
+def _digits(key: str) -> int:
+    return 1 if key.startswith("ppl_m") else 3
+
+
+def summary_table(results: dict) -> list[str]:
+    rows = [
+        "| method | strength | " + " | ".join(c for c, _ in COLUMNS) + " |",
+        "|---|---:|" + "---:|" * len(COLUMNS),
+    ]
+    limited = any(r["metrics"].get("tpr_at_0.1pct_fpr_resolution_limited") for r in results["runs"])
+    for s in results["summary"]:
+        cells = [fmt(s.get(key), _digits(key)) for _, key in COLUMNS]
+        if limited:
+            cells[2] += " †"
+        rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
+    if limited:
+        rows.append("")
+        rows.append(
+            "† resolution-limited: fewer than 1,000 negatives, so the threshold is the largest human "
+            "score and the realised false-positive rate is 0."
+        )
+    return rows
+
+
+def reference_table(results: dict) -> list[str]:
+    rows = ["| text | PPL mean [95% CI] | PPL median [95% CI] | seq-rep-3 |", "|---|---:|---:|---:|"]
+    for name, q in results["references"].items():
+        if "ppl_mean" in q:
+            mean = f"{q['ppl_mean']:.1f} [{q['ppl_mean_ci'][0]:.1f}, {q['ppl_mean_ci'][1]:.1f}]"
+            median = f"{q['ppl_median']:.1f} [{q['ppl_median_ci'][0]:.1f}, {q['ppl_median_ci'][1]:.1f}]"
+        else:
+            mean = median = "-"
+        rows.append(f"| {name} | {mean} | {median} | {q['seq_rep_3']:.3f} |")
+    return rows
+
+
+def ci_table(results: dict) -> list[str]:
+    rows = [
+        "| run | PPL mean [95% CI] | PPL median [95% CI] | PPL ratio of means | flagged at p<=0.01 "
+        "(watermarked / human) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results["runs"]:
+        m = r["metrics"]
+        if "ppl_mean" not in m:
+            continue
+        flagged = (
+            "-"
+            if "flagged_at_p_0.01" not in m
+            else (f"{m['flagged_at_p_0.01']:.3f} / {m['human_flagged_at_p_0.01']:.3f}")
+        )
+        rows.append(
+            f"| {r['run']} | {m['ppl_mean']:.1f} [{m['ppl_mean_ci'][0]:.1f}, {m['ppl_mean_ci'][1]:.1f}] | "
+            f"{m['ppl_median']:.1f} [{m['ppl_median_ci'][0]:.1f}, {m['ppl_median_ci'][1]:.1f}] | "
+            f"{m.get('ppl_ratio_of_means', math.nan):.3f} | {flagged} |"
+        )
+    return rows
+
+
+def write_report(out: Path) -> Path:
+    """Write report.md and its PNGs from ``out/results.json``."""
+    results = read_json(out / "results.json", "results file")
+    cfg = results["config"]
+    plots = _plots(out, results)
+    lines = [
+        "# OpenStamp evaluation",
+        "",
+        f"Model `{cfg['model']}`; {cfg['n']} prompts of {cfg['prompt_tokens']} tokens from `{cfg['corpus']}` "
+        f"(never from the documents that built the keys, `{cfg['key_corpus']}`); completions of "
+        f"{cfg['new_tokens']} tokens, temperature {cfg['temperature']}, top-p {cfg['top_p']}; seeds "
+        f"{', '.join(map(str, cfg['seeds']))}. Detection scores the completion alone, as decoded text. "
+        "Negatives are the human continuations (primary) and unwatermarked completions of the same prompts. "
+        f"Perplexity oracle: `{cfg['oracle']}` (its own tokenizer); PPL ratio is the median over prompts of "
+        "watermarked / unwatermarked perplexity.",
+        "",
+        "## Detection and quality (mean ± sd over seeds)",
+        "",
+        *summary_table(results),
+        "",
+        "## Reference text",
+        "",
+        *reference_table(results),
+        "",
+        "## Per run, with bootstrap confidence intervals",
+        "",
+        *ci_table(results),
+        "",
+        "## Plots",
+        "",
+        *[f"![{name}]({name})" for name in plots],
+        "",
+        f"Generated from results.json ({results['created']}); versions: "
+        + ", ".join(f"{k} {v}" for k, v in results["versions"].items())
+        + ".",
+    ]
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _plots(out: Path, results: dict) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    first_seed = [r for r in results["runs"] if r["seed"] == results["config"]["seeds"][0]]
+    scores = {
+        r["run"]: read_json(out / "scores" / f"{r['run'].replace('/', '_')}.json", "scores")
+        for r in first_seed
+    }
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for r in first_seed:
+        pos, neg = (
+            np.array([x["score"] if x["score"] is not None else -np.inf for x in scores[r["run"]][k]])
+            for k in ("watermarked", "human")
+        )
+        thresholds = np.unique(np.concatenate([pos, neg]))[::-1]
+        ax.plot(
+            [np.mean(neg >= t) for t in thresholds],
+            [np.mean(pos >= t) for t in thresholds],
+            label=r["run"].split("/")[0],
+        )
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    ax.set(
+        xscale="log",
+        xlim=(1e-3, 1),
+        xlabel="false-positive rate (human text)",
+        ylabel="true-positive rate",
+        title="ROC",
+    )
+    ax.legend(fontsize=7)
+    names.append(_save(fig, out / "roc.png"))
+    cols = min(3, len(first_seed))
+    rows = math.ceil(len(first_seed) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, first_seed, strict=False):
+        for k, color in (("human", "tab:blue"), ("unwatermarked", "tab:gray"), ("watermarked", "tab:green")):
+            values = [x["score"] for x in scores[r["run"]][k] if x["score"] is not None]
+            ax.hist(values, bins=30, alpha=0.5, color=color, label=k)
+        ax.set_title(r["run"].split("/")[0], fontsize=9)
+    axes.flat[0].legend(fontsize=7)
+    for ax in list(axes.flat)[len(first_seed) :]:
+        ax.axis("off")
+    fig.suptitle("detector scores")
+    names.append(_save(fig, out / "scores_hist.png"))
+    if any(s["ppl_mean"]["mean"] is not None for s in results["summary"]):
+        fig, ax = plt.subplots(figsize=(5.5, 4.5))
+        for method in dict.fromkeys(s["method"] for s in results["summary"]):
+            pts = sorted(
+                (s["ppl_mean"]["mean"], s["tpr_at_1pct_fpr"]["mean"], s["strength"])
+                for s in results["summary"]
+                if s["method"] == method and s["ppl_mean"]["mean"]
+            )
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
+        unwm = results["references"].get(f"unwatermarked/s{results['config']['seeds'][0]}", {})
+        if "ppl_mean" in unwm:
+            ax.axvline(unwm["ppl_mean"], color="k", ls=":", lw=1, label="unwatermarked")
+        ax.set(xlabel="perplexity (mean, oracle)", ylabel="TPR @ 1% FPR", title="detectability vs quality")
+        ax.legend(fontsize=7)
+        names.append(_save(fig, out / "pareto.png"))
+    return names
+
+
+def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path.name

@@ -1,0 +1,169 @@
+"""Turn cached scores, generations and perplexities into results.json and samples.jsonl."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from openstamp.config import EvalConfig
+from openstamp.evaluation.metrics import auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr
+from openstamp.storage import atomic_write_text, read_json
+
+FPRS = {"tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.001}
+SUMMARY_METRICS = (
+    "auroc",
+    "tpr_at_1pct_fpr",
+    "tpr_at_0.1pct_fpr",
+    "auroc_vs_unwatermarked",
+    "ppl_mean",
+    "ppl_median",
+    "ppl_ratio_median",
+    "seq_rep_3",
+)
+
+
+def _name(s: str) -> str:
+    return s.replace("/", "_")
+
+
+def _scores(records: list[dict], missing: float) -> np.ndarray:
+    return np.array([missing if r["score"] is None else r["score"] for r in records], dtype=np.float64)
+
+
+def detection_metrics(scores: dict) -> dict:
+    """AUROC and TPR at fixed FPRs against human text (primary) and unwatermarked completions."""
+    pos = _scores(scores["watermarked"], -math.inf)  # an unscorable positive is a miss
+    human = _scores([r for r in scores["human"] if r["score"] is not None], 0.0)
+    unwm = _scores([r for r in scores["unwatermarked"] if r["score"] is not None], 0.0)
+    out = {"auroc": auroc(pos, human), "auroc_vs_unwatermarked": auroc(pos, unwm)}
+    for name, fpr in FPRS.items():
+        t = tpr_at_fpr(pos, human, fpr)
+        out[name] = t["tpr"]
+        out[f"{name}_resolution_limited"] = t["resolution_limited"]
+    out["tpr_at_1pct_fpr_vs_unwatermarked"] = tpr_at_fpr(pos, unwm, 0.01)["tpr"]
+    p_values = [r["p_value"] for r in scores["watermarked"]]
+    if all(p is not None for p in p_values):
+        out["flagged_at_p_0.01"] = float(np.mean(np.array(p_values) <= 0.01))
+        out["human_flagged_at_p_0.01"] = float(
+            np.mean([r["p_value"] <= 0.01 for r in scores["human"] if r["p_value"] is not None])
+        )
+    return out
+
+
+def quality_metrics(ppl: list[float], reference: list[float] | None, completions: list[list[int]]) -> dict:
+    """Perplexity (mean, median, bootstrap CIs, ratio to the same prompts' reference) and seq-rep-3."""
+    out = {"seq_rep_3": float(np.nanmean([seq_rep_n(c, 3) for c in completions]))}
+    if ppl:
+        values = np.array(ppl, dtype=np.float64)
+        out.update(
+            ppl_mean=float(np.nanmean(values)),
+            ppl_median=float(np.nanmedian(values)),
+            ppl_mean_ci=bootstrap_ci(values, np.mean),
+            ppl_median_ci=bootstrap_ci(values, np.median),
+        )
+        if reference is not None:
+            ratios = values / np.array(reference, dtype=np.float64)
+            out.update(
+                ppl_ratio_median=float(np.nanmedian(ratios)),
+                ppl_ratio_of_means=float(np.nanmean(values) / np.nanmean(reference)),
+            )
+    return out
+
+
+def _mean_sd(values: list[float]) -> dict:
+    arr = np.array([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    if len(arr) == 0:
+        return {"mean": None, "sd": None}
+    return {"mean": float(arr.mean()), "sd": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0}
+
+
+def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict]) -> dict:
+    from openstamp.embed import versions
+    from openstamp.evaluation.pipeline import load_generations
+
+    def ppl_of(name):
+        path = out / "ppl" / f"{_name(name)}.json"
+        return read_json(path, "perplexity cache") if path.exists() else []
+
+    per_run = []
+    for r in runs:
+        scores = read_json(out / "scores" / f"{_name(r['run'])}.json", "score cache")
+        reference = ppl_of(f"unwatermarked/s{r['seed']}") or None
+        metrics = {
+            **detection_metrics(scores),
+            **quality_metrics(ppl_of(r["generations"]), reference, load_generations(out, r["generations"])),
+        }
+        per_run.append({**r, "metrics": metrics})
+    summary = []
+    for key in dict.fromkeys((r["method"], r["strength"]) for r in per_run):
+        group = [r["metrics"] for r in per_run if (r["method"], r["strength"]) == key]
+        summary.append(
+            {
+                "method": key[0],
+                "strength": key[1],
+                "seeds": len(group),
+                **{m: _mean_sd([g.get(m) for g in group]) for m in SUMMARY_METRICS},
+            }
+        )
+    references = {"human": quality_metrics(ppl_of("human"), None, [w["human"] for w in windows])}
+    for seed in cfg.seeds:
+        name = f"unwatermarked/s{seed}"
+        references[name] = quality_metrics(ppl_of(name), None, load_generations(out, name))
+    write_samples(out, cfg, per_run, windows, ppl_of)
+    return {
+        "config": json.loads(json.dumps(cfg.to_dict())),
+        "versions": versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": per_run,
+        "summary": summary,
+        "references": references,
+    }
+
+
+def write_samples(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict], ppl_of) -> None:
+    """One line per (seed, prompt): the texts and every score, for inspection."""
+    from transformers import AutoTokenizer
+
+    from openstamp.evaluation.pipeline import load_generations
+    from openstamp.models import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    lines = []
+    for seed in cfg.seeds:
+        unwm, unwm_ppl = load_generations(out, f"unwatermarked/s{seed}"), ppl_of(f"unwatermarked/s{seed}")
+        per_run = {
+            r["run"]: (
+                read_json(out / "scores" / f"{_name(r['run'])}.json", "score cache"),
+                load_generations(out, r["generations"]),
+                ppl_of(r["generations"]),
+            )
+            for r in runs
+            if r["seed"] == seed
+        }
+        for i, w in enumerate(windows):
+            record = {
+                "seed": seed,
+                "index": i,
+                "corpus": w["corpus"],
+                "prompt": decode(w["prompt"]),
+                "human": decode(w["human"]),
+                "unwatermarked": decode(unwm[i]),
+                "unwatermarked_ppl": unwm_ppl[i] if unwm_ppl else None,
+                "runs": {},
+            }
+            for run, (scores, gens, ppl) in per_run.items():
+                record["runs"][run] = {
+                    "completion": decode(gens[i]),
+                    "ppl": ppl[i] if ppl else None,
+                    **{
+                        f"{k}_score": scores[k][i]["score"] for k in ("watermarked", "human", "unwatermarked")
+                    },
+                    "p_value": scores["watermarked"][i]["p_value"],
+                }
+            lines.append(json.dumps(record))
+    atomic_write_text(out / "samples.jsonl", "\n".join(lines) + "\n")

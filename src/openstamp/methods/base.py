@@ -1,0 +1,125 @@
+"""The shape every watermark shares: build or load a key, apply it, score texts.
+
+A method is a plug-in: a frozen config dataclass plus a ``WatermarkMethod`` subclass, registered
+once with ``@register``. Weight methods patch the model in place (``apply``/``revert``);
+decode-time methods leave the weights alone and hand generation a logits processor.
+Detection always uses the owner's private *original* model (``base``), never the release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.corpus import Document
+
+REGISTRY: dict[str, type[WatermarkMethod]] = {}
+
+
+@dataclass
+class MethodScore:
+    """One text's detection under one method: higher ``score`` means more watermarked."""
+
+    score: float | None
+    p_value: float | None
+    n_tokens: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class WatermarkMethod(ABC):
+    """Base class of OpenStamp and every baseline.
+
+    Subclasses set ``name``, ``config_class`` (a frozen dataclass whose fields carry help
+    text), ``strength`` (the config field swept for the Pareto plot) and ``sweep`` (its grid).
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    strength: ClassVar[str]
+    sweep: ClassVar[tuple[float, ...]]
+    decode_time: ClassVar[bool] = False
+    weight_level: ClassVar[bool] = True
+
+    def __init__(self, config: Any | None = None) -> None:
+        self.config = config if config is not None else self.config_class()
+
+    @property
+    def strength_value(self) -> float:
+        return float(getattr(self.config, self.strength))
+
+    # -- key ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def build(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[Document], seed: int
+    ) -> None:
+        """Create the key (in memory) for ``model``; ``documents`` are the key-building corpus."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> None:
+        """Write the key into ``directory`` (which exists and is empty)."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> None:
+        """Read a key written by ``save``."""
+
+    def with_strength(self, value: float) -> WatermarkMethod:
+        """The same key at another strength (the sweep re-uses a key across strengths)."""
+        clone = type(self)(dataclasses.replace(self.config, **{self.strength: value}))
+        clone._share_key_from(self)
+        return clone
+
+    def _share_key_from(self, other: WatermarkMethod) -> None:
+        """Copy the key state from ``other`` (override when the key depends on the strength)."""
+        self.__dict__.update({k: v for k, v in other.__dict__.items() if k != "config"})
+
+    # -- use ---------------------------------------------------------------------------------
+
+    def apply(self, model: PreTrainedModel) -> None:  # noqa: B027 - decode-time methods keep the weights
+        """Write the watermark into ``model`` in place (weight-level methods)."""
+
+    def revert(self, model: PreTrainedModel) -> None:  # noqa: B027
+        """Undo ``apply`` exactly."""
+
+    def logits_processor(self) -> LogitsProcessor | None:
+        """A processor for ``generate`` (decode-time methods); None for weight-level ones."""
+        return None
+
+    @abstractmethod
+    def score(
+        self,
+        base: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        texts: list[str],
+        batch_size: int = 16,
+    ) -> list[MethodScore]:
+        """Score texts (completions only, no prompt) with the original model ``base``."""
+
+    def describe(self) -> dict[str, Any]:
+        """Settings for reports: the method name and its config."""
+        return {"method": self.name, **dataclasses.asdict(self.config)}
+
+
+def register(cls: type[WatermarkMethod]) -> type[WatermarkMethod]:
+    """Class decorator: make a method available by its name."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def create(name: str, **overrides: Any) -> WatermarkMethod:
+    """Instantiate a registered method, overriding config fields."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    return cls(cls.config_class(**overrides))
+
+
+def write_json(path: str | os.PathLike, data: dict) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,103 @@
+"""OpenStamp (and its 'w/o sem-align' ablation) as an evaluation plug-in."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openstamp.config import DetectConfig, load_profile
+from openstamp.detect import Detector
+from openstamp.embed import build_key, record_model
+from openstamp.hidden import States, collect_states
+from openstamp.key.key import WatermarkKey
+from openstamp.methods.base import MethodScore, WatermarkMethod, register
+from openstamp.patch import apply_watermark, head, is_tied, revert_watermark
+
+
+def _help(default, text):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenStampConfig:
+    delta: float = _help(1.0, "logit boost of a green token under a one-hot selector (the swept strength)")
+    gamma: float = _help(0.25, "fraction of the vocabulary in each of the L green lists")
+    n_lists: int = _help(254, "L, k-means clusters / green lists")
+    projection: bool = _help(True, "train P on sentence embeddings; False is the paper's 'w/o sem-align'")
+    profile: str = _help("default", "embedding profile for states, P and S")
+    min_tokens: int = _help(16, "texts with fewer scored tokens get no score")
+
+
+_STATES: dict[tuple, States] = {}  # the last sampled states: both OpenStamp variants share them
+
+
+def _cached_states(model, tokenizer, documents, cfg) -> States:
+    """Hidden states depend on the (unpatched) model, the documents and the state settings only."""
+    key = (model.config.name_or_path, tuple(d.sha256 for d in documents), cfg.states)
+    if key not in _STATES:
+        _STATES.clear()
+        _STATES[key] = collect_states(model, tokenizer, documents, cfg.states, progress=False)
+    return _STATES[key]
+
+
+@register
+class OpenStamp(WatermarkMethod):
+    name = "openstamp"
+    config_class = OpenStampConfig
+    strength = "delta"
+    sweep = (0.3, 0.6, 0.9, 1.2)
+    key: WatermarkKey
+
+    def build(self, model, tokenizer, documents, seed) -> None:
+        cfg = load_profile(self.config.profile).with_overrides(
+            {
+                "green.delta": self.config.delta,
+                "green.gamma": self.config.gamma,
+                "selector.n_lists": self.config.n_lists,
+                "projection.enabled": self.config.projection,
+                "states.seed": seed,
+                "selector.seed": seed,
+                "projection.seed": seed,
+            }
+        )
+        secret = hashlib.sha256(f"openstamp/eval/{self.name}/{seed}".encode()).digest()
+        states = _cached_states(model, tokenizer, documents, cfg)
+        self.key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=False, states=states)
+
+    def save(self, directory: Path) -> None:
+        self.key.save(directory / "key", overwrite=True)
+
+    def load(self, directory: Path) -> None:
+        self.key = WatermarkKey.load(directory / "key")
+
+    def _share_key_from(self, other: WatermarkMethod) -> None:
+        self.key = dataclasses.replace(other.key, delta=self.config.delta, meta=dict(other.key.meta))
+
+    def apply(self, model) -> None:
+        original, tied = head(model).weight.detach().clone(), is_tied(model)
+        apply_watermark(model, self.key)
+        record_model(self.key, model, model.config.name_or_path, original, tied)
+
+    def revert(self, model) -> None:
+        revert_watermark(model, self.key)
+
+    def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
+        detector = Detector(
+            base, tokenizer, self.key, DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
+        )
+        return [
+            MethodScore(r.score, r.p_value, r.n_tokens, dict(r.detectors)) for r in detector.detect(texts)
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenStampNoSemConfig(OpenStampConfig):
+    projection: bool = _help(False, "P = I: the paper's 'w/o sem-align' ablation")
+
+
+@register
+class OpenStampNoSem(OpenStamp):
+    name = "openstamp-nosem"
+    config_class = OpenStampNoSemConfig

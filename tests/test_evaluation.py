@@ -1,0 +1,152 @@
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+import openstamp.evaluation.pipeline as pipeline
+from openstamp.cli import app
+from openstamp.config import EvalConfig
+from openstamp.evaluation.report import COLUMNS, _digits, fmt
+
+runner = CliRunner()
+METHODS = ("openstamp", "openstamp-nosem", "unremovable", "gaussmark", "kgw", "kgw-llr")
+
+
+# strengths that suit the tiny random model (its weights are far larger than a trained model's)
+TINY_STRENGTHS = {
+    "openstamp": 2.0,
+    "openstamp-nosem": 2.0,
+    "unremovable": 2.0,
+    "gaussmark": 0.5,
+    "kgw": 3.0,
+    "kgw-llr": 3.0,
+}
+
+
+def tiny_eval(model_dir, corpus_file, methods=METHODS, **overrides) -> EvalConfig:
+    settings = {
+        "openstamp": {"profile": "small", "n_lists": 8},
+        "openstamp-nosem": {"profile": "small", "n_lists": 8},
+    }
+    return EvalConfig.from_dict(
+        {
+            "model": str(model_dir),
+            "methods": list(methods),
+            "corpus": str(corpus_file),
+            "key_corpus": str(corpus_file),
+            "n": 8,
+            "prompt_tokens": 8,
+            "new_tokens": 32,
+            "batch_size": 4,
+            "score_batch_size": 4,
+            "oracle": str(model_dir),
+            "method_settings": settings,
+            "strengths": {m: TINY_STRENGTHS[m] for m in methods},
+            **overrides,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """One (untied) tiny model is enough here; the methods' own tests cover tied ones."""
+    from conftest import make_model
+
+    path = tmp_path_factory.mktemp("tiny-eval")
+    make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished_run(model_dir, corpus_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    methods = [m for m in METHODS if m in pipeline.REGISTRY]
+    results = pipeline.run_eval(tiny_eval(model_dir, corpus_file, methods), out, progress=False)
+    return out, results, methods
+
+
+def test_report_files_appear(finished_run):
+    out, results, methods = finished_run
+    for name in ("results.json", "samples.jsonl", "report.md", "roc.png", "scores_hist.png", "pareto.png"):
+        assert (out / name).exists(), name
+    assert [s["method"] for s in results["summary"]] == methods
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 and set(samples[0]["runs"]) == {r["run"] for r in results["runs"]}
+
+
+def test_report_numbers_equal_results_json(finished_run):
+    out, results, _ = finished_run
+    report = (out / "report.md").read_text()
+    for s in results["summary"]:
+        row = next(line for line in report.splitlines() if line.startswith(f"| {s['method']} | "))
+        cells = [c.strip().rstrip(" †") for c in row.strip("|").split("|")][2:]
+        expected = [fmt(s.get(key), _digits(key)) for _, key in COLUMNS]
+        assert cells == expected
+        for cell, (_, key) in zip(cells, COLUMNS, strict=True):
+            if cell != "-":
+                assert float(cell) == pytest.approx(s[key]["mean"], abs=10 ** -_digits(key))
+
+
+def test_every_method_detects_itself_on_the_tiny_model(finished_run):
+    _, results, _ = finished_run
+    for run in results["runs"]:
+        assert run["metrics"]["auroc"] >= 0.75, run["run"]
+
+
+def test_rerender_and_config_mismatch(finished_run, model_dir, corpus_file):
+    out, _, methods = finished_run
+    (out / "report.md").unlink()
+    result = runner.invoke(app, ["report", str(out)])
+    assert result.exit_code == 0 and (out / "report.md").exists()
+    other = tiny_eval(model_dir, corpus_file, methods, n=5)
+    with pytest.raises(ValueError, match="different settings"):
+        pipeline.run_eval(other, out, progress=False)
+
+
+def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file, tmp_path, monkeypatch):
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none")  # 2 sets x 2 batches
+    real, calls = pipeline.sample_completions, []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 and interrupt:
+            raise KeyboardInterrupt  # killed in the second generation set
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "sample_completions", counting)
+    interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_eval(cfg, tmp_path, progress=False)
+    assert not (tmp_path / "results.json").exists()
+    assert len(list((tmp_path / "generations").rglob("b*.json"))) == 2
+    interrupt, calls[:] = False, []
+    resumed = pipeline.run_eval(cfg, tmp_path, progress=False)
+    assert len(calls) == 2  # only the two missing batches were generated
+    assert len(list((tmp_path / "generations").rglob("b*.json"))) == 4
+    assert (tmp_path / "report.md").exists() and resumed["runs"][0]["metrics"]["auroc"] >= 0
+
+
+def test_too_few_windows_is_a_clear_error(model_dir, corpus_file, tmp_path):
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), n=10_000, oracle="none")
+    with pytest.raises(ValueError, match=re.escape("fewer than n=10000")):
+        pipeline.run_eval(cfg, tmp_path, progress=False)
+
+
+def test_eval_config_file_and_cli_overrides(model_dir, corpus_file, tmp_path):
+    path = tmp_path / "eval.yaml"
+    path.write_text(
+        f"model: {model_dir}\nmethods: [openstamp-nosem]\ncorpus: {corpus_file}\n"
+        f"key_corpus: {corpus_file}\nn: 4\nprompt_tokens: 8\nnew_tokens: 20\noracle: none\n"
+        "batch_size: 4\nmethod_settings: {openstamp-nosem: {profile: small, n_lists: 8}}\n"
+    )
+    result = runner.invoke(
+        app, ["eval", "--config", str(path), "--n", "3", "--out", str(tmp_path / "run"), "--quiet"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["n"] == 3
+    bad = runner.invoke(
+        app, ["eval", "--config", str(path), "--set", "nonsense=1", "--out", str(tmp_path / "x")]
+    )
+    assert bad.exit_code == 2 and "nonsense" in bad.output

@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from openstamp.evaluation.metrics import auroc, bootstrap_ci, seq_rep_n, threshold_at_fpr, tpr_at_fpr
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auroc_matches_scikit_learn_including_ties(seed):
+    rng = np.random.default_rng(seed)
+    pos = np.round(rng.normal(1, 1, 80), 1)  # rounding creates ties
+    neg = np.round(rng.normal(0, 1, 120), 1)
+    expected = roc_auc_score([1] * 80 + [0] * 120, np.concatenate([pos, neg]))
+    assert abs(auroc(pos, neg) - expected) < 1e-12
+
+
+@pytest.mark.parametrize("fpr", [0.01, 0.05, 0.1])
+def test_tpr_at_fpr_agrees_with_the_roc_curve(fpr):
+    rng = np.random.default_rng(3)
+    pos, neg = rng.normal(1.5, 1, 500), rng.normal(0, 1, 1000)
+    result = tpr_at_fpr(pos, neg, fpr)
+    fprs, tprs, _ = roc_curve([1] * 500 + [0] * 1000, np.concatenate([pos, neg]))
+    best = tprs[fprs <= fpr].max()  # the best operating point with FPR <= target on the ROC curve
+    assert result["realised_fpr"] <= fpr and not result["resolution_limited"]
+    assert abs(result["tpr"] - best) <= 1 / 500 + 1e-12
+
+
+def test_too_few_negatives_are_marked_resolution_limited():
+    result = tpr_at_fpr([3.0, 4.0], [0.0, 1.0, 2.0], 0.01)
+    assert result["resolution_limited"] and result["threshold"] == 2.0 and result["tpr"] == 1.0
+
+
+def test_threshold_lets_at_most_fpr_negatives_through():
+    neg = np.arange(100.0)
+    assert threshold_at_fpr(neg, 0.05) == 94.0  # five negatives (95..99) above
+    with pytest.raises(ValueError):
+        threshold_at_fpr([], 0.1)
+
+
+def test_seq_rep_and_bootstrap():
+    assert seq_rep_n([1, 2, 3, 1, 2, 3, 1, 2, 3]) == 1 - 3 / 7
+    assert seq_rep_n([1, 2, 3, 4]) == 0.0
+    low, high = bootstrap_ci(np.random.default_rng(0).normal(5, 1, 400))
+    assert low < 5 < high and high - low < 0.5
