@@ -150,3 +150,14 @@ def test_eval_config_file_and_cli_overrides(model_dir, corpus_file, tmp_path):
         app, ["eval", "--config", str(path), "--set", "nonsense=1", "--out", str(tmp_path / "x")]
     )
     assert bad.exit_code == 2 and "nonsense" in bad.output
+
+
+def test_saved_keys_carry_fingerprints_for_the_base_model(finished_run, model_dir):
+    from openstamp.key import WatermarkKey
+    from openstamp.models import load_model
+    from openstamp.patch import check_key
+
+    out, _, _ = finished_run
+    base, _ = load_model(str(model_dir))
+    key = WatermarkKey.load(out / "keys" / "openstamp" / "s0" / "key")
+    assert check_key(base, key) == "original"  # reloaded keys (e.g. by the attacks) still match the model

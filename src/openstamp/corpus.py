@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openstamp.assets import PACKAGED_CORPORA, corpus_path
+from openstamp.errors import CorpusError
 
 SPLIT_SALT = b"openstamp/corpus-split/v1"
 
@@ -32,10 +33,6 @@ class Document:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
-
-
-class CorpusError(ValueError):
-    """A corpus spec that cannot be read, or that yields no documents."""
 
 
 def load_documents(spec: str, *, text_field: str = "text", min_chars: int = 200) -> list[Document]:

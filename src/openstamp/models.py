@@ -16,16 +16,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.assets import PACKAGED_MODELS, PackagedModel, cache_root, gguf_path, sha256_file
+from openstamp.errors import ModelNotFoundError
 from openstamp.storage import atomic_directory
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-class ModelNotFoundError(ValueError):
-    """The model spec is neither a directory, a packaged alias, nor a loadable hub id."""
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:

@@ -12,10 +12,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from openstamp.assets import AssetMissingError
-from openstamp.corpus import CorpusError
-from openstamp.key.key import InvalidKeyError
-from openstamp.models import ModelNotFoundError
+from openstamp.errors import AssetMissingError, CorpusError, InvalidKeyError, ModelNotFoundError
 
 console = Console(stderr=True)
 out = Console()

@@ -22,18 +22,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from openstamp.errors import InvalidKeyError, KeyMismatchError  # noqa: F401  (re-exported)
 from openstamp.key.prf import PRF_VERSION, green_lists
 from openstamp.storage import atomic_directory, atomic_write_json, read_json
 
 KEY_FORMAT = 1
-
-
-class InvalidKeyError(ValueError):
-    """A key directory that is missing or corrupt."""
-
-
-class KeyMismatchError(InvalidKeyError):
-    """A key used with a model it was not made for."""
 
 
 @dataclass(eq=False)

@@ -65,6 +65,8 @@ class OpenStamp(WatermarkMethod):
         secret = hashlib.sha256(f"openstamp/eval/{self.name}/{seed}".encode()).digest()
         states = _cached_states(model, tokenizer, documents, cfg)
         self.key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=False, states=states)
+        self.apply(model)  # records the original and watermarked heads' fingerprints in the key ...
+        self.revert(model)  # ... and restores the model exactly
 
     def save(self, directory: Path) -> None:
         self.key.save(directory / "key", overwrite=True)

@@ -1,0 +1,23 @@
+"""The errors a user can cause, in one light module (the CLI imports it without loading torch)."""
+
+from __future__ import annotations
+
+
+class AssetMissingError(RuntimeError):
+    """A packaged asset's PyPI package is not installed."""
+
+
+class CorpusError(ValueError):
+    """A corpus spec that cannot be read, or that yields no documents."""
+
+
+class ModelNotFoundError(ValueError):
+    """The model spec is neither a directory, a packaged alias, nor a loadable hub id."""
+
+
+class InvalidKeyError(ValueError):
+    """A key directory that is missing or corrupt."""
+
+
+class KeyMismatchError(InvalidKeyError):
+    """A key used with a model it was not made for."""
