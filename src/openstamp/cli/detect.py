@@ -61,17 +61,17 @@ def read_inputs(path: Path | None, texts: list[str] | None) -> tuple[list[str], 
 
 @friendly_errors
 def detect(
-    input: Path | None = typer.Argument(
-        None, help=".txt (one text per line), .jsonl (text, optional prompt/id) or -"
+    input: Path | None = typer.Argument(None, help=".txt (one text per line), .jsonl (text, optional prompt/id) or -"),
+    model: str | None = typer.Option(None, "--model", "-m", help="the watermarked checkpoint (or the original model)"),
+    key: Path | None = typer.Option(None, "--key", "-k", help="the private key directory"),
+    server: str | None = typer.Option(
+        None, help="score with a detection service (openstamp serve) at this URL instead of --model/--key"
     ),
-    model: str = typer.Option(
-        ..., "--model", "-m", help="the watermarked checkpoint (or the original model)"
+    token: str | None = typer.Option(
+        None, envvar="OPENSTAMP_API_TOKEN", show_default=False, help="the service's API key"
     ),
-    key: Path = typer.Option(..., "--key", "-k", help="the private key directory"),
     text: list[str] | None = typer.Option(None, "--text", help="a text to score (repeatable)"),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="write JSON lines here instead of stdout"
-    ),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write JSON lines here instead of stdout"),
     fpr: float = typer.Option(0.01, help="false-positive rate of the decision"),
     threshold: float | None = typer.Option(None, help="flag when the mean LLR exceeds this instead"),
     calibrated: bool = typer.Option(False, help="flag with the key's calibrated LLR threshold for --fpr"),
@@ -87,29 +87,51 @@ def detect(
     cache_dir: Path | None = CacheOption,
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
-    """Score texts for the watermark of KEY in MODEL."""
+    """Score texts for the watermark of KEY in MODEL, or with a detection service (--server)."""
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
     from openstamp.detect.html import render
     from openstamp.storage import atomic_write_text
 
     setup_logging(quiet=True)
+    if server is not None:
+        local = {
+            "--model": model,
+            "--key": key,
+            "--fpr": fpr != 0.01,
+            "--threshold": threshold,
+            "--calibrated": calibrated,
+            "--min-tokens": min_tokens != 16,
+            "--no-p-values": not p_values,
+            "--permutations": permutations != 999,
+            "--force": force,
+        }
+        if given := [name for name, value in local.items() if value]:
+            raise ValueError(f"{', '.join(given)}: the server decides these (see its /v1/info); drop them")
+    elif model is None or key is None:
+        raise ValueError("give --model and --key to detect locally, or --server URL to use a detection service")
     texts, prompts, ids = read_inputs(input, text)
-    config = DetectConfig(
-        alpha=fpr,
-        threshold=threshold,
-        calibrated=calibrated,
-        min_tokens=min_tokens,
-        batch_size=batch_size,
-        p_values=p_values,
-        n_permutations=permutations,
-        check_key=not force,
-    )
-    detector = Detector.from_pretrained(
-        model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir
-    )
     want_tokens = token_scores or html is not None
-    results = detector.detect(texts, prompts, token_scores=want_tokens, progress=not quiet and len(texts) > 8)
+    if server is not None:
+        from openstamp.client import DetectionClient
+
+        with DetectionClient(server, token) as client:
+            results = client.detect(texts, prompts, token_scores=want_tokens)
+            key_id = client.key_id or client.info()["key_id"]
+    else:
+        config = DetectConfig(
+            alpha=fpr,
+            threshold=threshold,
+            calibrated=calibrated,
+            min_tokens=min_tokens,
+            batch_size=batch_size,
+            p_values=p_values,
+            n_permutations=permutations,
+            check_key=not force,
+        )
+        detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
+        results = detector.detect(texts, prompts, token_scores=want_tokens, progress=not quiet and len(texts) > 8)
+        key_id = detector.key.key_id
     records = []
     for i, result in zip(ids, results, strict=True):
         record = {"id": i, **result.to_dict()}
@@ -118,7 +140,7 @@ def detect(
             record.pop("tokens", None)
         records.append(record)
     if html is not None:
-        atomic_write_text(html, render(results, [f"text {i}" for i in ids], detector.key.key_id))
+        atomic_write_text(html, render(results, [f"text {i}" for i in ids], key_id))
         console.print(f"per-token evidence: {html}")
     lines = "".join(json.dumps(r) + "\n" for r in records)
     if output is not None:

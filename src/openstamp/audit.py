@@ -1,0 +1,362 @@
+"""Release audit: what does a checkpoint directory leak before it is published?
+
+Reads safetensors lazily (``safe_open``); never loads the model. Checks:
+
+* key material: key files, key-like tensors or JSON, the secret's bytes, OpenStamp mentions;
+* a tied head: if the base model tied lm_head to its input embeddings, the release's input
+  embeddings are the original U and ``U~ - E = dW`` gives the watermark away. Seen from the
+  key's record, or without a key from the low numerical rank of lm_head minus the embeddings;
+* the key's fingerprints: does the release carry the watermarked head, the original, or neither;
+* a public base: an identical head means no watermark; a different one exposes dW = U~ - U_base;
+  and anything else that differs from the base (tensors, config keys, files).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mmap
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from openstamp.key.key import WatermarkKey
+from openstamp.patch import tensor_sha256
+
+SEVERITIES = ("high", "medium", "info")
+KEY_FILES = {"key.json", "key.safetensors", "secret"}
+HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
+EMBED_SUFFIXES = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "tok_embeddings.weight",
+)
+KEY_TENSOR = re.compile(r"(^|\.)(selector|projection)$|openstamp|watermark", re.IGNORECASE)
+TEXT_SUFFIXES = {".json", ".txt", ".md", ".jinja", ".yaml", ".yml", ".py", ".cfg"}
+IGNORED_CONFIG = {"transformers_version", "_name_or_path", "_model_name_or_path"}
+LOW_RANK = 0.75  # rank(lm_head - embeddings) <= this fraction of the width counts as low
+
+
+@dataclass
+class Finding:
+    severity: str  # high, medium or info
+    check: str
+    message: str
+    details: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Checkpoint:
+    """A model directory: its files, config.json and an index of its safetensors tensors."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise NotADirectoryError(f"checkpoint {self.path} is not a directory")
+        self.files = sorted(p for p in self.path.rglob("*") if p.is_file())
+        config = self.path / "config.json"
+        self.config = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+        self.index: dict[str, Path] = {}
+        self.metadata: dict[str, dict[str, str]] = {}
+        for file in (f for f in self.files if f.suffix == ".safetensors"):
+            try:
+                with safe_open(str(file), "pt") as handle:
+                    self.index.update(dict.fromkeys(handle.keys(), file))
+                    self.metadata[self.rel(file)] = handle.metadata() or {}
+            except SafetensorError as err:
+                raise ValueError(f"{file} is not a readable safetensors file: {err}") from err
+
+    def rel(self, file: Path) -> str:
+        return str(file.relative_to(self.path))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        with safe_open(str(self.index[name]), "pt") as handle:
+            return handle.get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        with safe_open(str(self.index[name]), "pt") as handle:
+            return tuple(handle.get_slice(name).get_shape())
+
+    def blocks(self, name: str, rows: int = 8192) -> Iterator[torch.Tensor]:
+        """Row blocks of a 2-D tensor, read lazily."""
+        with safe_open(str(self.index[name]), "pt") as handle:
+            view = handle.get_slice(name)
+            for start in range(0, view.get_shape()[0], rows):
+                yield view[start : start + rows]
+
+    def head_name(self) -> str | None:
+        return next((n for n in HEAD_NAMES if n in self.index), None)
+
+    def embed_name(self) -> str | None:
+        return next((n for n in sorted(self.index, key=len) if n.endswith(EMBED_SUFFIXES)), None)
+
+    def unembedding(self) -> str | None:
+        """The tensor the logits come from: lm_head, or the input embeddings when tied."""
+        return self.head_name() or self.embed_name()
+
+
+def sketch_rank(blocks: Iterator[torch.Tensor], width: int, *, tol: float = 1e-3, seed: int = 0) -> int:
+    """Numerical rank of a (V, d) matrix given as row blocks: singular values above tol x the largest.
+
+    A CountSketch (each row added, with a random sign, to one of 2d buckets) keeps the rank
+    of the row space and costs one pass over the matrix; the eigensolve is of a (d, d) matrix.
+    """
+    buckets = 2 * width
+    generator = torch.Generator().manual_seed(seed)
+    sketch = torch.zeros(buckets, width, dtype=torch.float64)
+    for block in blocks:
+        rows = block.to(torch.float64)
+        where = torch.randint(0, buckets, (len(rows),), generator=generator)
+        signs = torch.randint(0, 2, (len(rows), 1), generator=generator).to(torch.float64) * 2 - 1
+        sketch.index_add_(0, where, rows * signs)
+    gram = sketch.T @ sketch  # (d, d): its eigenvalues are the squared singular values
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a small dense eigensolve; threads only stall when the CPU is shared
+    try:
+        values = torch.linalg.eigvalsh(gram).flip(0).clamp(min=0)
+    finally:
+        torch.set_num_threads(threads)
+    if values[0] == 0:
+        return 0
+    return int((values > tol**2 * values[0]).sum())
+
+
+def difference_blocks(a: Checkpoint, name_a: str, b: Checkpoint, name_b: str) -> Iterator[torch.Tensor]:
+    """Row blocks of a[name_a] - b[name_b], with b cast to a's dtype first."""
+    for x, y in zip(a.blocks(name_a), b.blocks(name_b), strict=True):
+        yield x.float() - y.to(x.dtype).float()
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def check_key_material(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
+    findings = []
+    for file in ckpt.files:
+        rel = ckpt.rel(file)
+        if file.name in KEY_FILES:
+            findings.append(Finding("high", "key material", f"key file {rel} is in the release"))
+        elif "openstamp" in rel.lower():
+            findings.append(Finding("medium", "openstamp file", f"{rel} is OpenStamp-specific"))
+        if file.suffix in TEXT_SUFFIXES and file.name not in KEY_FILES:
+            findings += _text_file(ckpt, file)
+    suspicious = [n for n in ckpt.index if KEY_TENSOR.search(n)]
+    if suspicious:
+        findings.append(Finding("high", "key material", "tensors named like key material", suspicious))
+    for rel, meta in ckpt.metadata.items():
+        if "openstamp" in json.dumps(meta).lower():
+            findings.append(Finding("medium", "openstamp metadata", f"{rel}'s metadata mentions OpenStamp"))
+    if key is not None:
+        findings += _key_bytes(ckpt, key)
+    return findings
+
+
+def _text_file(ckpt: Checkpoint, file: Path) -> list[Finding]:
+    if file.stat().st_size > 50 * 2**20:
+        return []
+    text = file.read_text(encoding="utf-8", errors="replace")
+    rel = ckpt.rel(file)
+    if file.suffix == ".json" and '"key_id"' in text and ('"prf_version"' in text or '"fingerprint"' in text):
+        return [Finding("high", "key material", f"{rel} looks like an OpenStamp key header")]
+    if "openstamp" in text.lower():
+        return [Finding("medium", "openstamp mention", f"{rel} mentions OpenStamp")]
+    return []
+
+
+def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
+    """Look for the secret (raw, hex, base64) and the key's tensors' bytes in every file."""
+    secret = key.secret
+    patterns = {
+        "the secret": [
+            secret,
+            secret.hex().encode(),
+            secret.hex().upper().encode(),
+            base64.b64encode(secret),
+        ],
+        "the selector S": [key.selector.contiguous().numpy().tobytes()[:64]],
+    }
+    if key.projection is not None:
+        patterns["the projection P"] = [key.projection.contiguous().numpy().tobytes()[:64]]
+    findings = []
+    for file in ckpt.files:
+        if file.stat().st_size == 0:
+            continue
+        with open(file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for what, needles in patterns.items():
+                if any(data.find(needle) >= 0 for needle in needles):
+                    findings.append(Finding("high", "key material", f"{what} appears in {ckpt.rel(file)}"))
+    return findings
+
+
+def check_tied(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
+    head, embed = ckpt.head_name(), ckpt.embed_name()
+    if head is None:
+        return [Finding("info", "tied head", "lm_head is tied to the input embeddings (no separate head tensor)")]
+    was_tied = bool(key and key.meta.get("model", {}).get("tied"))
+    if embed is None or ckpt.shape(head) != ckpt.shape(embed):
+        return [Finding("info", "tied head", "no input embeddings of the head's shape to compare with")]
+    width = ckpt.shape(head)[1]
+    rank = sketch_rank(difference_blocks(ckpt, head, ckpt, embed), width)
+    detail = [f"numerical rank of lm_head - input embeddings: {rank} of {width}"]
+    if rank == 0:
+        return [Finding("info", "tied head", "lm_head equals the input embeddings (stored twice)", detail)]
+    if was_tied or rank <= LOW_RANK * width:
+        why = "the key records that the base model tied them" if was_tied else "their difference has low rank"
+        return [
+            Finding(
+                "high",
+                "tied head",
+                f"lm_head was tied to the input embeddings before watermarking ({why}): the released "
+                "input embeddings are the original unembedding, so U~ - E exposes the offset and the "
+                "watermark can be subtracted; this release is not removal-resistant (use an untied base)",
+                detail,
+            )
+        ]
+    return [Finding("info", "tied head", "lm_head and the input embeddings are separate and unrelated", detail)]
+
+
+def check_fingerprint(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
+    name = ckpt.unembedding()
+    if name is None:
+        return [Finding("medium", "fingerprint", "no lm_head or input embeddings found to check against the key")]
+    weight = ckpt.tensor(name)
+    if tuple(weight.shape) != (key.vocab_size, key.hidden_size):
+        return [
+            Finding(
+                "medium",
+                "fingerprint",
+                f"{name} has shape {tuple(weight.shape)}; the key is for ({key.vocab_size}, {key.hidden_size})",
+            )
+        ]
+    digest, dtype = tensor_sha256(weight), str(weight.dtype).removeprefix("torch.")
+    recorded = key.meta.get("fingerprint", {})
+    if recorded.get("watermarked", {}).get(dtype) == digest:
+        return [Finding("info", "fingerprint", f"{name} carries the watermark of key {key.key_id}")]
+    if recorded.get("original", {}).get(dtype) == digest:
+        return [
+            Finding(
+                "high",
+                "fingerprint",
+                f"{name} is the original, unwatermarked head of key {key.key_id}: this release carries no watermark",
+            )
+        ]
+    return [
+        Finding(
+            "medium",
+            "fingerprint",
+            f"{name} ({dtype}) matches neither the watermarked nor the original "
+            f"head of key {key.key_id}: another model, or modified after watermarking",
+        )
+    ]
+
+
+def check_base(ckpt: Checkpoint, base: Checkpoint, base_name: str) -> list[Finding]:
+    findings = []
+    ours, theirs = ckpt.unembedding(), base.unembedding()
+    if ours is None or theirs is None or ckpt.shape(ours) != base.shape(theirs):
+        findings.append(
+            Finding("medium", "base", f"cannot compare the head with {base_name}'s (missing or of another shape)")
+        )
+    else:
+        width = ckpt.shape(ours)[1]
+        rank = sketch_rank(difference_blocks(ckpt, ours, base, theirs), width)
+        if rank == 0:
+            findings.append(
+                Finding(
+                    "high",
+                    "base",
+                    f"the unembedding is identical to the base {base_name}'s: this release is not watermarked",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "high",
+                    "base",
+                    f"the unembedding differs from the public base {base_name}'s: anyone with the base "
+                    "computes dW = U~ - U_base and subtracts the watermark",
+                    [f"numerical rank of the difference: {rank} of {width}"],
+                )
+            )
+    findings += _other_differences(ckpt, base, base_name, {ours, theirs, ckpt.head_name()})
+    return findings
+
+
+def _other_differences(ckpt: Checkpoint, base: Checkpoint, base_name: str, heads: set) -> list[Finding]:
+    shared = sorted(set(ckpt.index) & set(base.index) - heads)
+    changed = [n for n in shared if not _same(ckpt.tensor(n), base.tensor(n))]
+    extra = sorted(set(ckpt.index) - set(base.index) - heads)
+    findings = []
+    if changed or extra:
+        details = [f"differs: {n}" for n in changed] + [f"not in the base: {n}" for n in extra]
+        findings.append(
+            Finding(
+                "medium",
+                "base",
+                f"{len(changed) + len(extra)} tensors beyond lm_head differ from {base_name}",
+                details,
+            )
+        )
+    else:
+        findings.append(Finding("info", "base", f"apart from the head, all {len(shared)} tensors equal the base's"))
+    keys = _config_differences(ckpt.config, base.config)
+    if keys:
+        findings.append(Finding("info", "base", f"{len(keys)} config.json keys differ from the base's", keys))
+    ours = {ckpt.rel(f) for f in ckpt.files}
+    only = sorted(ours - {base.rel(f) for f in base.files})
+    if only:
+        findings.append(Finding("info", "base", "files not in the base", only))
+    return findings
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b.to(a.dtype))
+
+
+def _config_differences(ours: dict, theirs: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(ours) | set(theirs)):
+        if k in IGNORED_CONFIG:
+            continue
+        a, b = ours.get(k), theirs.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {json.dumps(b)} -> {json.dumps(a)}")
+    return out
+
+
+def audit(
+    checkpoint: str | Path,
+    key_dir: str | Path | None = None,
+    base: str | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+) -> list[Finding]:
+    """Every finding about ``checkpoint``, most severe first."""
+    from openstamp.models import resolve_model_path
+
+    ckpt = Checkpoint(checkpoint)
+    if not ckpt.index:
+        raise ValueError(f"{checkpoint} holds no safetensors weights to audit")
+    key = WatermarkKey.load(key_dir) if key_dir is not None else None
+    findings = check_key_material(ckpt, key) + check_tied(ckpt, key)
+    if key is not None:
+        findings += check_fingerprint(ckpt, key)
+    if base is not None:
+        path = Path(resolve_model_path(base, cache_dir))
+        if not path.is_dir():
+            raise ValueError(f"--base {base}: give a local checkpoint directory or a packaged alias")
+        findings += check_base(ckpt, Checkpoint(path), base)
+    if any(f.suffix in (".bin", ".pt", ".pth", ".gguf") for f in ckpt.files):
+        findings.append(Finding("info", "unchecked", "weights outside safetensors (.bin/.pt/.gguf) were not read"))
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

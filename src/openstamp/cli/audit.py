@@ -1,0 +1,51 @@
+"""openstamp audit: what does a checkpoint directory leak before it is released?"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from openstamp.cli.common import CacheOption, friendly_errors, out, setup_logging
+
+STYLE = {"high": "bold red", "medium": "yellow", "info": "dim"}
+
+
+@friendly_errors
+def audit(
+    checkpoint: Path = typer.Argument(..., help="the checkpoint directory about to be released"),
+    key: Path | None = typer.Option(None, "--key", "-k", help="the private key, to look for its material"),
+    base: str | None = typer.Option(None, help="the public base checkpoint (directory or packaged alias)"),
+    as_json: bool = typer.Option(False, "--json", help="print the findings as JSON"),
+    cache_dir: Path | None = CacheOption,
+) -> None:
+    """Report findings (high/medium/info); exits 1 when any is high."""
+    from openstamp.audit import audit as run_audit
+
+    setup_logging(quiet=True)
+    findings = run_audit(checkpoint, key, base, cache_dir=cache_dir)
+    counts = {s: sum(f.severity == s for f in findings) for s in ("high", "medium", "info")}
+    if as_json:
+        report = {
+            "checkpoint": str(checkpoint),
+            "key": str(key) if key else None,
+            "base": base,
+            "summary": counts,
+            "findings": [f.to_dict() for f in findings],
+        }
+        out.print_json(json.dumps(report))
+    else:
+        table = Table(title=f"OpenStamp release audit: {checkpoint}")
+        for column in ("severity", "check", "finding"):
+            table.add_column(column, overflow="fold")
+        for f in findings:
+            text = f.message + "".join(f"\n  {d}" for d in f.details[:20])
+            if len(f.details) > 20:
+                text += f"\n  ... and {len(f.details) - 20} more"
+            table.add_row(f"[{STYLE[f.severity]}]{f.severity}[/]", f.check, text)
+        out.print(table)
+        out.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if counts["high"]:
+        raise typer.Exit(1)

@@ -1,0 +1,157 @@
+"""The release audit on tiny tied and untied checkpoints."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from openstamp.audit import audit, sketch_rank
+from openstamp.cli import app as cli
+from openstamp.embed import record_model
+from openstamp.key import WatermarkKey
+from openstamp.patch import apply_watermark, head, is_tied
+
+runner = CliRunner()
+
+
+def highs(findings, check=None):
+    return [f for f in findings if f.severity == "high" and (check is None or f.check == check)]
+
+
+def source_is_tied(model_dir) -> bool:
+    return json.loads((model_dir / "config.json").read_text())["tie_word_embeddings"]
+
+
+@pytest.fixture(scope="module")
+def release(tiny_model_dir, tmp_path_factory):
+    """A watermarked copy of the tiny model (L = 6 lists, P random) and its key."""
+    root = tmp_path_factory.mktemp("audit")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    V, d = head(model).weight.shape
+    g = torch.Generator().manual_seed(0)
+    key = WatermarkKey(
+        secret=bytes(range(32)),
+        selector=torch.randn(6, d, generator=g),
+        projection=torch.randn(d, d, generator=g) / d**0.5,
+        gamma=0.25,
+        delta=1.0,
+        vocab_size=V,
+    )
+    tied, original = is_tied(model), head(model).weight.detach().clone()
+    apply_watermark(model, key)
+    record_model(key, model, "tiny", original, tied)
+    model.save_pretrained(root / "model")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, root / "model" / name)
+    key.save(root / "key")
+    return root
+
+
+def copy_release(release, tmp_path):
+    shutil.copytree(release / "model", tmp_path / "model")
+    return tmp_path / "model"
+
+
+def test_a_tied_then_untied_release_is_high_and_a_clean_untied_one_is_not(release, tiny_model_dir):
+    without_key = audit(release / "model")
+    with_key = audit(release / "model", release / "key")
+    if source_is_tied(tiny_model_dir):
+        (finding,) = highs(without_key)
+        assert finding.check == "tied head" and "low rank" in finding.message
+        assert finding.details == ["numerical rank of lm_head - input embeddings: 6 of 32"]
+        assert "records that the base model tied" in highs(with_key, "tied head")[0].message
+    else:
+        assert highs(without_key) == [] and highs(with_key) == []
+        assert any("separate and unrelated" in f.message for f in without_key)
+    assert any(f.check == "fingerprint" and "carries the watermark" in f.message for f in with_key)
+
+
+def test_cli_exit_code_and_json(release, tiny_model_dir):
+    result = runner.invoke(cli, ["audit", str(release / "model"), "--key", str(release / "key"), "--json"])
+    report = json.loads(result.stdout)
+    tied = source_is_tied(tiny_model_dir)
+    assert result.exit_code == (1 if tied else 0)
+    assert report["summary"]["high"] == (1 if tied else 0) and report["findings"]
+    table = runner.invoke(cli, ["audit", str(release / "model")])
+    assert "tied head" in table.stdout and table.exit_code == (1 if tied else 0)
+
+
+def test_key_material_in_the_checkpoint_is_high(release, tmp_path):
+    model_dir = copy_release(release, tmp_path)
+    shutil.copytree(release / "key", model_dir / "key")
+    key = WatermarkKey.load(release / "key")
+    (model_dir / "README.md").write_text(f"Made with OpenStamp. secret: {key.secret.hex()}\n")
+    save_file({"selector": torch.zeros(2, 2)}, str(model_dir / "extra.safetensors"))
+    shutil.copy(release / "key" / "key.json", model_dir / "settings.json")  # a key header under another name
+    findings = audit(model_dir, release / "key")
+    messages = [f.message for f in highs(findings, "key material")]
+    for expected in (
+        "key file key/key.json",
+        "key file key/secret",
+        "key file key/key.safetensors",
+        "the secret appears in README.md",
+        "the selector S appears in key/key.safetensors",
+        "the projection P appears in key/key.safetensors",
+        "settings.json looks like an OpenStamp key",
+    ):
+        assert any(expected in m for m in messages), (expected, messages)
+    named = [f for f in highs(findings, "key material") if f.message == "tensors named like key material"]
+    assert sorted(named[0].details) == ["projection", "selector"]
+    without_key = audit(model_dir)  # the file names and tensor names alone are enough
+    assert len(highs(without_key, "key material")) >= 4
+
+
+def test_openstamp_specific_files_are_medium(release, tmp_path):
+    model_dir = copy_release(release, tmp_path)
+    (model_dir / "openstamp_source.json").write_text('{"alias": "tiny"}')
+    mediums = [f for f in audit(model_dir) if f.severity == "medium"]
+    assert [f.check for f in mediums] == ["openstamp file"]
+
+
+def test_base_comparison(release, tiny_model_dir, tmp_path):
+    identical = audit(tiny_model_dir, base=str(tiny_model_dir))
+    assert any("identical to the base" in f.message for f in highs(identical, "base"))
+    exposed = audit(release / "model", base=str(tiny_model_dir))
+    (finding,) = highs(exposed, "base")
+    assert "dW = U~ - U_base" in finding.message and finding.details == ["numerical rank of the difference: 6 of 32"]
+    assert any(f.severity == "info" and "tensors equal the base" in f.message for f in exposed)
+    assert not [f for f in exposed if f.severity == "medium"]
+    # a release that also changed another tensor and a config key
+    model_dir = copy_release(release, tmp_path)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
+    changed = audit(model_dir, base=str(tiny_model_dir))
+    (medium,) = [f for f in changed if f.severity == "medium"]
+    assert medium.details == ["differs: model.norm.weight"]
+    assert any(any(d.startswith("rms_norm_eps") for d in f.details) for f in changed if f.check == "base")
+
+
+def test_the_original_model_with_its_key_is_not_watermarked(release, tiny_model_dir):
+    findings = audit(tiny_model_dir, release / "key")
+    assert any("original, unwatermarked head" in f.message for f in highs(findings, "fingerprint"))
+
+
+def test_sketch_rank():
+    g = torch.Generator().manual_seed(0)
+    low = torch.randn(3000, 5, generator=g) @ torch.randn(5, 40, generator=g)
+    full = torch.randn(3000, 40, generator=g)
+    assert sketch_rank(iter(low.split(700)), 40) == 5
+    assert sketch_rank(iter(full.split(700)), 40) == 40
+    assert sketch_rank(iter([torch.zeros(10, 40)]), 40) == 0
+    noisy = low + 1e-7 * torch.randn(3000, 40, generator=g)  # fp32 rounding noise does not count
+    assert sketch_rank(iter([noisy]), 40) == 5
+
+
+def test_audit_refuses_what_it_cannot_read(tmp_path):
+    result = runner.invoke(cli, ["audit", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "not a directory" in result.output
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(cli, ["audit", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "no safetensors" in result.output
