@@ -9,11 +9,11 @@ from pathlib import Path
 
 from openstamp.config import DetectConfig, load_profile
 from openstamp.detect import Detector
-from openstamp.embed import build_key, record_model
 from openstamp.hidden import States, collect_states
 from openstamp.key.key import WatermarkKey
 from openstamp.methods.base import MethodScore, WatermarkMethod, register
 from openstamp.patch import apply_watermark, head, is_tied, revert_watermark
+from openstamp.watermark import build_key, record_model
 
 
 def _help(default, text):
@@ -89,9 +89,7 @@ class OpenStamp(WatermarkMethod):
         detector = Detector(
             base, tokenizer, self.key, DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
         )
-        return [
-            MethodScore(r.score, r.p_value, r.n_tokens, dict(r.detectors)) for r in detector.detect(texts)
-        ]
+        return [MethodScore(r.score, r.p_value, r.n_tokens, dict(r.detectors)) for r in detector.detect(texts)]
 
 
 @dataclass(frozen=True, kw_only=True)
