@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import typer
 
+from openstamp.cli.attack import attack_app
+from openstamp.cli.audit import audit
 from openstamp.cli.calibrate import calibrate
 from openstamp.cli.demo import demo
 from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
+from openstamp.cli.eval import evaluate
+from openstamp.cli.report import report
+from openstamp.cli.serve import serve
 
 app = typer.Typer(
     name="openstamp",
@@ -20,6 +25,11 @@ app.command()(demo)
 app.command()(embed)
 app.command()(detect)
 app.command()(calibrate)
+app.command(name="eval")(evaluate)
+app.command()(report)
+app.command()(serve)
+app.command()(audit)
+app.add_typer(attack_app, name="attack")
 
 
 def main() -> None:

@@ -125,6 +125,7 @@ def write_report(out: Path) -> Path:
         "",
         *[f"![{name}]({name})" for name in plots],
         "",
+        *[p.read_text(encoding="utf-8") for p in sorted(out.glob("attacks/*.md"))],  # openstamp attack sections
         f"Generated from results.json ({results['created']}); versions: "
         + ", ".join(f"{k} {v}" for k, v in results["versions"].items())
         + ".",
@@ -142,10 +143,7 @@ def _plots(out: Path, results: dict) -> list[str]:
 
     names = []
     first_seed = [r for r in results["runs"] if r["seed"] == results["config"]["seeds"][0]]
-    scores = {
-        r["run"]: read_json(out / "scores" / f"{r['run'].replace('/', '_')}.json", "scores")
-        for r in first_seed
-    }
+    scores = {r["run"]: read_json(out / "scores" / f"{r['run'].replace('/', '_')}.json", "scores") for r in first_seed}
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for r in first_seed:
         pos, neg = (

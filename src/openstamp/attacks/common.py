@@ -1,0 +1,199 @@
+"""What every attack shares: open an evaluation run, load a run's key, score attacked text, cache.
+
+An attack reads a finished ``openstamp eval`` directory (its config, prompts, keys, generations
+and scores), writes its own outputs to ``--out`` and its report section into
+``<eval>/attacks/<name>.md`` so that ``openstamp report <eval>`` keeps it.
+
+    out/
+      settings.json      the attack's settings; a different setting refuses to reuse the folder
+      ...                per-batch caches (generations, paraphrases, scores), so a killed run resumes
+      results.json       every number in the section
+      section.md, report.md, *.png
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.config import EvalConfig
+from openstamp.evaluation.results import detection_metrics
+from openstamp.methods import REGISTRY, WatermarkMethod
+from openstamp.storage import atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+
+def option(default: Any, text: str) -> Any:
+    """A config field with help text."""
+    return field(default=default, metadata={"help": text})
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass
+class EvalRun:
+    """A finished evaluation directory: its config, prompt windows and the runs in results.json."""
+
+    path: Path
+    cfg: EvalConfig
+    runs: list[dict]
+    windows: list[dict]
+
+    def scores(self, run: dict) -> dict:
+        """The run's cached scores: {"watermarked" | "human" | "unwatermarked": [MethodScore dicts]}."""
+        return read_json(self.path / "scores" / f"{file_name(run['run'])}.json", "score cache")
+
+    def generations(self, run: dict) -> list[list[int]]:
+        from openstamp.evaluation.pipeline import load_generations
+
+        return load_generations(self.path, run["generations"])
+
+    def prompts(self, n: int | None = None) -> list[list[int]]:
+        return [w["prompt"] for w in self.windows[:n]]
+
+
+def file_name(name: str) -> str:
+    return name.replace("/", "_")
+
+
+def open_eval(path: str | Path) -> EvalRun:
+    """Read an ``openstamp eval`` run directory (it must have finished: results.json exists)."""
+    path = Path(path)
+    results = read_json(path / "results.json", "evaluation results (run `openstamp eval` first)")
+    cfg = EvalConfig.from_dict(results["config"])
+    windows = read_json(path / "data" / "prompts.json", "prompt cache")
+    return EvalRun(path, cfg, results["runs"], windows)
+
+
+def optional_eval(path: str | Path | None) -> Path | None:
+    """Check an optional ``--eval`` directory before any work starts; None stays None."""
+    return None if path is None else open_eval(path).path
+
+
+def select_runs(ev: EvalRun, methods: Sequence[str] | None = None) -> list[dict]:
+    """The runs to attack: the named methods (default: all), one strength per method and seed.
+
+    After a sweep, the strength kept is the method's configured one, or the middle of its grid.
+    """
+    unknown = set(methods or ()) - {r["method"] for r in ev.runs}
+    if unknown:
+        raise ValueError(f"method(s) {sorted(unknown)} are not in {ev.path}; it has {sorted(_methods(ev))}")
+    chosen = []
+    for name in methods or _methods(ev):
+        for seed in ev.cfg.seeds:
+            group = [r for r in ev.runs if r["method"] == name and r["seed"] == seed]
+            if not group:
+                continue
+            wanted = ev.cfg.strengths.get(name, _default_strength(ev.cfg, name))
+            exact = [r for r in group if np.isclose(r["strength"], wanted)]
+            chosen.append(exact[0] if exact else sorted(group, key=lambda r: r["strength"])[len(group) // 2])
+    return chosen
+
+
+def _methods(ev: EvalRun) -> list[str]:
+    return list(dict.fromkeys(r["method"] for r in ev.runs))
+
+
+def _default_strength(cfg: EvalConfig, name: str) -> float:
+    cls = REGISTRY[name]
+    return cls(cls.config_class(**cfg.method_settings.get(name, {}))).strength_value
+
+
+def load_method(ev: EvalRun, run: dict, base: PreTrainedModel) -> WatermarkMethod:
+    """A fresh instance of the run's method with its saved key, at the run's strength.
+
+    A weight-level method is applied to ``base`` and reverted (exactly) once, as the eval run
+    did before scoring: OpenStamp records the model's head fingerprints in its key when it is
+    applied, and its detector checks them.
+    """
+    name = run["method"]
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(REGISTRY))}")
+    directory = ev.path / "keys" / name / f"s{run['seed']}"
+    if not (directory / "done").exists():
+        raise FileNotFoundError(f"the {name} key for seed {run['seed']} is missing from {directory}")
+    cls = REGISTRY[name]
+    method = cls(cls.config_class(**ev.cfg.method_settings.get(name, {})))
+    method.load(directory)
+    method = method.with_strength(run["strength"])
+    if method.weight_level:
+        method.apply(base)
+        method.revert(base)
+    return method
+
+
+def watermarked_copy(base: PreTrainedModel, method: WatermarkMethod) -> PreTrainedModel:
+    """A deep copy of ``base`` carrying the method's weight watermark (unchanged for decode-time methods)."""
+    model = copy.deepcopy(base)
+    if method.weight_level:
+        method.apply(model)
+    return model
+
+
+def score_texts(
+    method: WatermarkMethod, base: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], batch: int
+) -> list[dict]:
+    """The method's unchanged detector (with the original model) on attacked texts, as dicts."""
+    return [asdict(s) for s in method.score(base, tokenizer, texts, batch)]
+
+
+def attacked_metrics(attacked: list[dict], eval_scores: dict) -> dict:
+    """AUROC and TPR of attacked positives against the eval run's human (and unwatermarked) negatives."""
+    return detection_metrics(
+        {"watermarked": attacked, "human": eval_scores["human"], "unwatermarked": eval_scores["unwatermarked"]}
+    )
+
+
+def cached_json(path: Path, compute: Callable[..., Any], *args: Any) -> Any:
+    """Read ``path`` if it exists; otherwise ``compute(*args)``, write it atomically and return it."""
+    if path.exists():
+        return read_json(path, "attack cache")
+    value = compute(*args)
+    atomic_write_json(path, value)
+    return value
+
+
+def prepare_out(out: Path, settings: dict) -> None:
+    """Create ``out`` and record the settings; refuse a folder that holds an attack with others."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "settings.json"
+    settings = json.loads(json.dumps(settings))
+    if path.exists() and read_json(path, "attack settings") != settings:
+        raise ValueError(f"{out} holds an attack with different settings; choose another --out or delete it")
+    atomic_write_json(path, settings)
+
+
+def config_dict(cfg: Any) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def mean_sd(values: Sequence[float | None]) -> dict:
+    arr = np.array([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    if len(arr) == 0:
+        return {"mean": None, "sd": None}
+    return {"mean": float(arr.mean()), "sd": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0}
+
+
+def by_method(rows: list[dict], keys: Sequence[str], extra: Sequence[str] = ()) -> list[dict]:
+    """Mean +- sd over seeds of ``keys`` for each (method, *extra) group, in first-seen order."""
+    groups = dict.fromkeys(tuple(r[k] for k in ("method", *extra)) for r in rows)
+    summary = []
+    for group in groups:
+        members = [r for r in rows if tuple(r[k] for k in ("method", *extra)) == group]
+        entry = dict(zip(("method", *extra), group, strict=True))
+        entry.update(seeds=len(members), **{k: mean_sd([m.get(k) for m in members]) for k in keys})
+        summary.append(entry)
+    return summary

@@ -1,0 +1,326 @@
+"""Paraphrasing: an instruct model rewrites each watermarked completion; the unchanged detectors re-score it.
+
+The request is the paper's template (Appendix, "Paraphrasing attack setup") sent as one user turn
+through the paraphraser's chat template; sampling is top-p 0.9 at temperature 0.7 (beam search
+with ``beams=3``, as in the paper, where affordable). Paraphrases are cached per batch and shared
+by every run that shares a generation set.
+
+How real the attack is gets measured, because a "paraphrase" that copies its input is no attack:
+the cosine similarity of original and paraphrase under the packaged MiniLM (the paper reports
+0.92 with another embedder), the fraction of the original's distinct 3-grams that survive (of
+the watermarked model's tokens, and of lower-cased words), and the fraction of near-copies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.attacks.common import (
+    attacked_metrics,
+    cached_json,
+    check,
+    config_dict,
+    file_name,
+    load_method,
+    open_eval,
+    option,
+    prepare_out,
+    score_texts,
+    select_runs,
+)
+from openstamp.attacks.report import (
+    compare_plot,
+    compare_row,
+    compare_summary,
+    compare_table,
+    fmt,
+    md_table,
+    negatives_note,
+    publish,
+)
+from openstamp.attacks.similarity import measure_quality, similarity_plot
+from openstamp.models import load_model, load_tokenizer, model_device
+from openstamp.storage import atomic_write_json, atomic_write_text, read_json
+from openstamp.text import bos_prefix, encode
+
+log = logging.getLogger(__name__)
+
+PAPER_INSTRUCTION = (
+    "Instruction: The input contains a Prompt and its Completion. Paraphrase ONLY the Completion. "
+    "Preserve the exact meaning, facts, scope, and intent. Do not add, remove, infer, or reinterpret any "
+    "information. Change wording and sentence structure only."
+)
+INSTRUCTIONS = {
+    "paper": PAPER_INSTRUCTION,
+    "strong": PAPER_INSTRUCTION
+    + " Rewrite every sentence in your own words: use different vocabulary and a different sentence structure "
+    "throughout, and never copy more than three consecutive words from the Completion. Output only the "
+    "paraphrased Completion.",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParaphraseConfig:
+    paraphraser: str = option(
+        "qwen2.5-coder-1.5b", "instruct model (any HF chat model; qwen2.5-coder-0.5b is the faster packaged one)"
+    )
+    prompt: str = option("paper", "'paper' (the paper's instruction) or 'strong' (also forbids copying phrases)")
+    n: int | None = option(None, "paraphrase only the first n completions of each generation set (default: all)")
+    temperature: float = option(0.7, "sampling temperature (0: greedy)")
+    top_p: float = option(0.9, "nucleus sampling")
+    beams: int = option(1, "beam width (the paper uses 3; each beam costs a full generation on a CPU)")
+    max_new_tokens: int | None = option(
+        None, "tokens per paraphrase (default: 1.5 x the longest original in the batch, plus 16)"
+    )
+    batch_size: int = option(8, "paraphrases per generate call (left-padded)")
+    embedder: str = option("minilm", "sentence embedder for the similarity figure")
+    near_copy: float = option(
+        0.8, "a paraphrase keeping at least this fraction of the original's token 3-grams is a near-copy"
+    )
+    seed: int = option(0, "sampling seed (batch b uses seed * 100003 + b)")
+    methods: tuple[str, ...] | None = option(None, "methods to attack (default: every method of the eval run)")
+    dtype: str = option("float32", "paraphraser dtype")
+    device: str = option("cpu", "paraphraser device")
+
+    def __post_init__(self) -> None:
+        check(self.prompt in INSTRUCTIONS, f"prompt must be one of {sorted(INSTRUCTIONS)}")
+        check(self.n is None or self.n >= 1, "n must be >= 1")
+        check(self.temperature >= 0 and 0 < self.top_p <= 1, "need temperature >= 0 and top_p in (0, 1]")
+        check(self.beams >= 1 and self.batch_size >= 1, "beams and batch_size must be >= 1")
+        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens must be >= 1")
+        check(0 < self.near_copy <= 1, "near_copy must be in (0, 1]")
+
+
+def request_text(prompt: str, completion: str, style: str = "paper") -> str:
+    """The paper's paraphrase request for one (prompt, completion) pair."""
+    return f"{INSTRUCTIONS[style]}\n\nPrompt:\n{prompt}\n\nCompletion:\n{completion}\n\nParaphrased Completion:"
+
+
+def request_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """One user turn through the chat template (plain text with BOS when the tokenizer has none)."""
+    if getattr(tokenizer, "chat_template", None):
+        chat = [{"role": "user", "content": text}]
+        rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return tokenizer(rendered, add_special_tokens=False).input_ids
+    return bos_prefix(tokenizer) + encode(tokenizer, [text])[0]
+
+
+def clean(text: str) -> str:
+    """Strip whitespace, an echoed 'Paraphrased Completion:' label and wrapping quotes."""
+    text = re.sub(r"^\s*(paraphrased completion|paraphrase)\s*:\s*", "", text.strip(), flags=re.IGNORECASE)
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1]
+    return text.strip()
+
+
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")  # chat models' end-of-reply tokens
+
+
+def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """EOS of the generation config and the tokenizer, and any end-of-turn token the vocabulary has."""
+    ids = model.generation_config.eos_token_id
+    ids = set() if ids is None else {ids} if isinstance(ids, int) else set(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    return sorted(ids | {vocab[t] for t in END_OF_TURN if t in vocab})
+
+
+@torch.inference_mode()
+def paraphrase_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    cfg: ParaphraseConfig,
+    seed: int,
+) -> list[str]:
+    """Paraphrase one batch with left padding; returns the cleaned paraphrases."""
+    requests = [
+        request_ids(tokenizer, request_text(p, c, cfg.prompt)) for p, c in zip(prompts, completions, strict=True)
+    ]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(map(len, requests))
+    ids = torch.full((len(requests), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(requests):
+        ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
+    budget = cfg.max_new_tokens or int(1.5 * max(map(len, encode(tokenizer, list(completions))), default=0)) + 16
+    sampling = (
+        {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
+        if cfg.temperature > 0
+        else {"do_sample": False}
+    )
+    torch.manual_seed(seed)
+    device = model_device(model)
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        max_new_tokens=budget,
+        num_beams=cfg.beams,
+        pad_token_id=pad,
+        eos_token_id=_stop_ids(model, tokenizer),
+        **sampling,
+    )
+    return [clean(t) for t in tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]
+
+
+def paraphrase_sets(
+    out: Path, originals: dict[str, list[str]], prompts: list[str], cfg: ParaphraseConfig, progress: bool
+) -> dict[str, list[str]]:
+    """Paraphrases of every generation set, batch by batch; the paraphraser loads only if a batch is missing."""
+    loaded: tuple | None = None
+    result = {}
+    for gen, texts in originals.items():
+        result[gen] = []
+        for b, start in enumerate(range(0, len(texts), cfg.batch_size)):
+            path = out / "paraphrases" / file_name(gen) / f"b{b:04d}.json"
+            if not path.exists():
+                if loaded is None:
+                    log.info("loading paraphraser %s", cfg.paraphraser)
+                    loaded = load_model(cfg.paraphraser, dtype=cfg.dtype, device=cfg.device)
+                if progress:
+                    log.info("paraphrasing %s: batch %d of %d", gen, b + 1, -(-len(texts) // cfg.batch_size))
+                end = start + cfg.batch_size
+                batch = paraphrase_batch(*loaded, prompts[start:end], texts[start:end], cfg, cfg.seed * 100_003 + b)
+                atomic_write_json(path, batch)
+            result[gen].extend(read_json(path, "paraphrase batch"))
+    return result
+
+
+def run_paraphrase(eval_dir: Path, out: Path, cfg: ParaphraseConfig, progress: bool = True) -> dict:
+    """Paraphrase the selected runs' watermarked completions, re-score them, and report."""
+    ev = open_eval(eval_dir)
+    prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
+    runs = select_runs(ev, cfg.methods)
+    n = min(cfg.n or len(ev.windows), len(ev.windows))
+    tokenizer = load_tokenizer(ev.cfg.model)
+    prompts = tokenizer.batch_decode(ev.prompts(n), skip_special_tokens=True)
+    first: dict[str, dict] = {}
+    for run in runs:  # runs that share a generation set share its paraphrases
+        first.setdefault(run["generations"], run)
+    originals = {
+        gen: tokenizer.batch_decode(ev.generations(run)[:n], skip_special_tokens=True) for gen, run in first.items()
+    }
+    paraphrases = paraphrase_sets(out, originals, prompts, cfg, progress)
+    quality = {
+        gen: cached_json(
+            out / "quality" / f"{file_name(gen)}.json",
+            measure_quality,
+            originals[gen],
+            paraphrases[gen],
+            tokenizer,
+            cfg.embedder,
+            cfg.near_copy,
+        )
+        for gen in originals
+    }
+    _write_samples(out, prompts, originals, paraphrases, quality)
+    base, _ = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
+    rows = []
+    for run in runs:
+        if progress:
+            log.info("scoring paraphrased %s", run["run"])
+        method, eval_scores = load_method(ev, run, base), ev.scores(run)
+        path = out / "scores" / f"{file_name(run['run'])}.json"
+        scores = cached_json(
+            path, score_texts, method, base, tokenizer, paraphrases[run["generations"]], ev.cfg.score_batch_size
+        )
+        before = attacked_metrics(eval_scores["watermarked"][:n], eval_scores)
+        rows.append(compare_row(run, before, attacked_metrics(scores, eval_scores)))
+    summary = compare_summary(rows)
+    plots = [
+        similarity_plot(quality, out / "paraphrase_similarity.png"),
+        compare_plot(summary, out / "paraphrase_tpr.png", "paraphrasing", "paraphrased"),
+    ]
+    body = _section(ev, cfg, n, summary, quality)
+    results = {
+        "settings": config_dict(cfg),
+        "eval": str(ev.path),
+        "n": n,
+        "quality": {gen: q["summary"] for gen, q in quality.items()},
+        "runs": rows,
+        "summary": summary,
+    }
+    publish(out, "paraphrase", f"paraphrasing ({cfg.paraphraser}, {cfg.prompt} prompt)", body, plots, results, ev.path)
+    return results
+
+
+def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: dict) -> list[str]:
+    decoding = f"top-p {cfg.top_p}, temperature {cfg.temperature}" if cfg.temperature > 0 else "greedy"
+    beams = f", beam width {cfg.beams}" if cfg.beams > 1 else ""
+    rows = [
+        [
+            gen,
+            str(q["summary"]["n"]),
+            fmt(q["summary"]["cosine_mean"]),
+            fmt(q["summary"]["token_3gram_survival_mean"]),
+            fmt(q["summary"]["word_3gram_survival_mean"]),
+            fmt(q["summary"]["near_copy_fraction"]),
+            fmt(q["summary"]["empty_fraction"]),
+            fmt(q["summary"]["length_ratio_mean"], 2),
+        ]
+        for gen, q in quality.items()
+    ]
+    copies = max((q["summary"]["near_copy_fraction"] for q in quality.values()), default=0.0)
+    lines = [
+        f"`{cfg.paraphraser}` rewrote the first {n} watermarked completions of each generation set of `{ev.path}` "
+        f"with the paper's request template ({cfg.prompt} instruction) through its chat template ({decoding}{beams}). "
+        "Each method's unchanged detector scores the paraphrase with the original model; 'original' is the same "
+        f"detector on the same completions before paraphrasing. {negatives_note(ev)} Cells: mean ± sd over seeds.",
+        "",
+        *compare_table(summary, "paraphrased"),
+        "",
+        "How real the attack is: cosine similarity of original and paraphrase under MiniLM "
+        f"(`{cfg.embedder}`; the paper reports 0.92 with Qwen3-Embedding-8B); the fraction of the original's distinct "
+        "3-grams found in the paraphrase, of the watermarked model's tokens and of lower-cased words; near-copies "
+        f"keep at least {cfg.near_copy:g} of the token 3-grams; length ratio is paraphrase / original tokens.",
+        "",
+        *md_table(
+            [
+                "generations",
+                "n",
+                "cosine",
+                "token 3-grams kept",
+                "word 3-grams kept",
+                "near-copies",
+                "empty",
+                "length ratio",
+            ],
+            rows,
+        ),
+    ]
+    if copies > 0.2:
+        hint = "a larger paraphraser" if cfg.prompt == "strong" else "`--prompt strong` or a larger paraphraser"
+        lines += [
+            "",
+            f"**Warning:** up to {copies:.0%} of the paraphrases are near-copies of their input, so this run "
+            f"understates what paraphrasing does; try {hint}.",
+        ]
+    return lines
+
+
+def _write_samples(out: Path, prompts: list[str], originals: dict, paraphrases: dict, quality: dict) -> None:
+    lines = []
+    for gen, texts in originals.items():
+        q = quality[gen]
+        for i, (orig, para) in enumerate(zip(texts, paraphrases[gen], strict=True)):
+            record = {
+                "generations": gen,
+                "index": i,
+                "prompt": prompts[i],
+                "original": orig,
+                "paraphrase": para,
+                "cosine": q["cosine"][i],
+                "token_3gram_survival": q["token_3gram_survival"][i],
+            }
+            lines.append(json.dumps(record))
+    atomic_write_text(out / "samples.jsonl", "\n".join(lines) + "\n")

@@ -1,0 +1,350 @@
+"""The attacks: their pure maths, and each one end to end on a tiny evaluation run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_corpus, make_model
+from typer.testing import CliRunner
+
+import openstamp.attacks.finetune as finetune
+from openstamp.attacks.common import open_eval, select_runs
+from openstamp.attacks.edits import EditConfig, edit_tokens, run_edit
+from openstamp.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
+from openstamp.attacks.inversion import InversionConfig, run_inversion
+from openstamp.attacks.paraphrase import ParaphraseConfig, request_ids, run_paraphrase
+from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
+from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit
+from openstamp.attacks.similarity import measure_quality, ngram_survival
+from openstamp.cli import app
+from openstamp.config import EvalConfig
+from openstamp.corpus import Document
+from openstamp.evaluation.pipeline import run_eval
+from openstamp.evaluation.report import write_report
+from openstamp.patch import head
+
+runner = CliRunner()
+METHODS = ("openstamp-nosem", "unremovable", "kgw")  # two weight-level methods and a decode-time one
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}Answer: {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-attack")
+    make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def eval_dir(model_dir, corpus_file, tmp_path_factory):
+    """A finished tiny evaluation: 8 prompts, 32-token completions, no perplexity oracle."""
+    out = tmp_path_factory.mktemp("eval")
+    cfg = EvalConfig.from_dict(
+        {
+            "model": str(model_dir),
+            "methods": list(METHODS),
+            "corpus": str(corpus_file),
+            "key_corpus": str(corpus_file),
+            "n": 8,
+            "prompt_tokens": 8,
+            "new_tokens": 32,
+            "batch_size": 4,
+            "score_batch_size": 4,
+            "oracle": "none",
+            "method_settings": {"openstamp-nosem": {"profile": "small", "n_lists": 8}},
+            "strengths": {"openstamp-nosem": 2.0, "unremovable": 2.0, "kgw": 3.0},
+        }
+    )
+    run_eval(cfg, out, progress=False)
+    return out
+
+
+def _section_in_report(eval_dir, out) -> str:
+    section = (eval_dir / "attacks" / f"{out.name}.md").read_text()
+    write_report(eval_dir)
+    report = (eval_dir / "report.md").read_text()
+    assert section.strip() in report
+    for line in section.splitlines():
+        if line.startswith("!["):
+            assert (eval_dir / line[line.index("(") + 1 : -1]).exists(), line
+    return section
+
+
+# -- token edits -------------------------------------------------------------------------------
+
+
+def test_edit_rates_match_the_settings_within_sampling_error():
+    cfg = EditConfig(delete=0.1, substitute=0.2, insert=0.05)
+    candidates = np.arange(1000, 1100)
+    ids = [i % 500 for i in range(20_000)]
+    edited, counts = edit_tokens(ids, cfg, candidates, np.random.default_rng(0))
+    for key, rate in (("deleted", 0.1), ("substituted", 0.2), ("inserted", 0.05)):
+        assert abs(counts[key] / len(ids) - rate) < 4 * math.sqrt(rate * (1 - rate) / len(ids)), key
+    assert len(edited) == len(ids) - counts["deleted"] + counts["inserted"]
+    new = [t for t in edited if t >= 1000]
+    assert len(new) == counts["substituted"] + counts["inserted"] and all(t < 1100 for t in new)
+    again, _ = edit_tokens(ids, cfg, candidates, np.random.default_rng(0))
+    assert again == edited
+
+
+def test_edit_attack_end_to_end(eval_dir, tmp_path):
+    out = tmp_path / "edit"
+    results = run_edit(eval_dir, out, EditConfig(delete=0.3, substitute=0.3), progress=False)
+    assert [r["method"] for r in results["runs"]] == list(METHODS)
+    for rates in results["realised_rates"].values():  # 8 x 32 tokens: sd of a rate is about 0.03
+        assert abs(rates["deleted"] - 0.3) < 0.12 and abs(rates["substituted"] - 0.3) < 0.12
+    mean_before = np.mean([r["auroc_before"] for r in results["runs"]])
+    mean_after = np.mean([r["auroc_after"] for r in results["runs"]])
+    assert mean_after < mean_before  # replacing 60% of the tokens weakens the evidence
+    assert (out / "results.json").exists() and (out / "edit_tpr.png").exists()
+    assert "## Attack: token edits" in _section_in_report(eval_dir, out)
+    with pytest.raises(ValueError, match="different settings"):
+        run_edit(eval_dir, out, EditConfig(delete=0.2), progress=False)
+
+
+def test_select_runs_rejects_unknown_methods(eval_dir):
+    ev = open_eval(eval_dir)
+    assert [r["method"] for r in select_runs(ev, ["kgw"])] == ["kgw"]
+    with pytest.raises(ValueError, match="not in"):
+        select_runs(ev, ["gaussmark"])
+
+
+# -- quantization ------------------------------------------------------------------------------
+
+
+def test_int8_keeps_at_most_255_values_per_row():
+    w = torch.randn(16, 700) * torch.logspace(-2, 1, 16)[:, None]
+    q = quantize_int8(w)
+    assert all(len(torch.unique(row)) <= 2**8 for row in q)
+    assert torch.allclose(q.abs().amax(1), w.abs().amax(1))  # the absmax is exact
+    assert float((q - w).norm() / w.norm()) < 0.01
+
+
+def test_nf4_keeps_at_most_16_values_per_block_of_64():
+    w = torch.randn(12, 320)
+    q = quantize_nf4(w, 64, chunk_blocks=7)  # chunks that split the matrix mid-row
+    blocks = q.reshape(-1, 64)
+    assert all(len(torch.unique(b)) <= 2**4 for b in blocks)
+    assert torch.allclose(blocks.abs().amax(1), w.reshape(-1, 64).abs().amax(1))
+    assert 0.02 < float((q - w).norm() / w.norm()) < 0.15
+    assert torch.equal(quantize_nf4(w, 64), q)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantize_model_keeps_lm_head_unless_asked(tied, tokenizer):
+    model = make_model(tied, len(tokenizer))
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    info = quantize_model(model, "nf4", QuantizeConfig(backend="simulated"))
+    assert info["backend"] == "simulated" and info["matrices"] == 2 * 7  # q k v o gate up down per block
+    assert torch.equal(head(model).weight, original["lm_head.weight" if not tied else "model.embed_tokens.weight"])
+    up = model.model.layers[0].mlp.up_proj.weight
+    assert not torch.equal(up, original["model.layers.0.mlp.up_proj.weight"])
+    quantize_model(model, "int8", QuantizeConfig(backend="simulated", include_head=True))
+    assert all(len(torch.unique(row)) <= 255 for row in head(model).weight)
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)  # untied before the head was touched
+
+
+def test_quantize_attack_end_to_end(eval_dir, tmp_path):
+    out = tmp_path / "quant"
+    results = run_quantize(eval_dir, out, QuantizeConfig(n=4, backend="auto"), progress=False)
+    schemes = {(r["method"], r["scheme"]) for r in results["runs"]}
+    assert schemes == {(m, s) for m in METHODS for s in ("unquantized", "int8", "nf4")}
+    assert results["quantization"]["nf4"]["backend"] == "simulated"  # no CUDA here
+    assert len(json.loads((out / "scores" / "int8" / "unremovable@2_s0.json").read_text())) == 4
+    section = _section_in_report(eval_dir, out)
+    assert "| method | Unquantized | INT8 | NF4 |" in section and "kgw (decode-time)" in section
+
+
+# -- fine-tuning -------------------------------------------------------------------------------
+
+
+def _windows(tokenizer, seq_len=32):
+    return training_windows(tokenizer, [Document(str(i), t) for i, t in enumerate(make_corpus(6))], seq_len)
+
+
+def test_lora_moves_only_the_adapters(tokenizer):
+    model = make_model(False, len(tokenizer))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = FinetuneConfig(mode="lora", steps=4, every=2, batch_size=2, seq_len=32, lr=1e-2)
+    peft_model = prepare(model, cfg)
+    adapters = {n: p.detach().clone() for n, p in peft_model.named_parameters() if "lora_" in n}
+    assert any("lm_head" in n for n in adapters) and any("up_proj" in n for n in adapters)
+    seen = []
+    losses = train(peft_model, _windows(tokenizer), cfg, lambda step, loss: seen.append(step))
+    assert seen == [0, 2, 4] and len(losses) == 4
+    moved = [n for n, p in peft_model.named_parameters() if n in adapters and not torch.equal(p, adapters[n])]
+    assert len(moved) == len(adapters)
+    for name, p in model.named_parameters():  # peft wraps in place: the base weights are the originals
+        if "lora_" not in name:
+            key = name.replace("base_model.model.", "").replace(".base_layer", "")
+            assert torch.equal(p, before[key]), name
+
+
+def test_head_mode_trains_only_an_untied_head(tokenizer):
+    model = make_model(True, len(tokenizer))
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    layer = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    cfg = FinetuneConfig(mode="head", steps=2, every=2, batch_size=2, seq_len=32, lr=1e-2, optimizer="adamw")
+    train(prepare(model, cfg), _windows(tokenizer), cfg)
+    assert not torch.equal(head(model).weight, embeddings)
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
+    assert torch.equal(model.model.layers[0].mlp.up_proj.weight, layer)
+
+
+def test_finetune_attack_end_to_end_and_resume(eval_dir, corpus_file, tmp_path, monkeypatch):
+    out = tmp_path / "ft"
+    cfg = FinetuneConfig(corpus=str(corpus_file), steps=4, every=2, batch_size=2, seq_len=32, n=4, lr=1e-2)
+    results = run_finetune(eval_dir, out, cfg, progress=False)
+    assert results["skipped"] == ["kgw"]
+    assert {(r["method"], r["step"]) for r in results["runs"]} == {
+        (m, s) for m in ("openstamp-nosem", "unremovable") for s in (0, 2, 4)
+    }
+    assert all(r["train_loss"] is not None for r in results["runs"] if r["step"] > 0)
+    assert (out / "finetune_tpr.png").exists()
+    assert "step 4" in _section_in_report(eval_dir, out)
+    monkeypatch.setattr(finetune, "train", lambda *a, **k: pytest.fail("a finished attack was retrained"))
+    again = run_finetune(eval_dir, out, cfg, progress=False)
+    assert again["runs"] == results["runs"]
+
+
+# -- paraphrasing ------------------------------------------------------------------------------
+
+
+def test_ngram_survival():
+    assert ngram_survival([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert ngram_survival([1, 2, 3, 4], [4, 3, 2, 1]) == 0.0
+    assert ngram_survival([1, 2, 3, 4], [9, 1, 2, 3]) == 0.5
+    assert math.isnan(ngram_survival([1, 2], [1, 2]))
+
+
+def test_copies_are_flagged_and_rewrites_are_not(tokenizer):
+    originals = ["the river city council voted on a new plan for public parks and schools"] * 2
+    rewrites = ["councillors approved fresh proposals covering schools and parks near the river", ""]
+    copy = measure_quality(originals, originals, tokenizer)["summary"]
+    assert copy["near_copy_fraction"] == 1.0 and copy["cosine_mean"] > 0.99
+    other = measure_quality(originals, rewrites, tokenizer)["summary"]
+    assert other["near_copy_fraction"] == 0.0 and other["empty_fraction"] == 0.5
+    assert other["word_3gram_survival_mean"] == 0.0 and other["cosine_mean"] < 0.9
+
+
+def test_request_goes_through_the_chat_template(tokenizer):
+    tokenizer.chat_template = CHAT_TEMPLATE
+    try:
+        text = tokenizer.decode(request_ids(tokenizer, "the river"))
+    finally:
+        tokenizer.chat_template = None
+    assert text == "the river\nAnswer: "
+
+
+def _stub_embeddings(texts, name="minilm", **kwargs):
+    """Letter counts, L2-normalised: enough to tell copies from rewrites without the sentence model."""
+    vectors = torch.tensor([[t.lower().count(c) + 1e-3 for c in "abcdefghijklmnopqrstuvwxyz"] for t in texts])
+    return torch.nn.functional.normalize(vectors, dim=-1)
+
+
+def test_paraphrase_attack_end_to_end(eval_dir, model_dir, tokenizer, tmp_path, monkeypatch):
+    import openstamp.embedder
+
+    monkeypatch.setattr(openstamp.embedder, "encode_texts", _stub_embeddings)
+    paraphraser = tmp_path / "paraphraser"  # the tiny model, made 'instruct' with a chat template
+    make_model(False, len(tokenizer) + 12, seed=3).save_pretrained(paraphraser)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    try:
+        tokenizer.save_pretrained(paraphraser)
+    finally:
+        tokenizer.chat_template = None
+    out = tmp_path / "para"
+    cfg = ParaphraseConfig(paraphraser=str(paraphraser), n=4, max_new_tokens=24, batch_size=2)
+    results = run_paraphrase(eval_dir, out, cfg, progress=False)
+    assert [r["method"] for r in results["runs"]] == list(METHODS)
+    assert len(list((out / "paraphrases").rglob("b*.json"))) == 3 * 2  # 3 generation sets x 2 batches
+    for q in results["quality"].values():
+        assert q["n"] == 4 and -1 <= q["cosine_mean"] <= 1 and 0 <= q["token_3gram_survival_mean"] <= 1
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 12 and all(s["original"] != s["paraphrase"] for s in samples)
+    section = _section_in_report(eval_dir, out)
+    assert "TPR@1%FPR paraphrased" in section and "token 3-grams kept" in section
+
+
+# -- re-initialised head, selector inversion ---------------------------------------------------
+
+
+def test_reinit_head_recovers_some_quality_and_keeps_the_embeddings(
+    model_dir, corpus_file, eval_dir, tokenizer, tmp_path
+):
+    from openstamp.models import load_model
+
+    cfg = ReinitConfig(
+        corpus=str(corpus_file), steps=30, every=10, batch_size=4, seq_len=32, lr=3e-2, train_windows=64, eval_windows=8
+    )
+    out = tmp_path / "reinit"
+    results = run_reinit(str(model_dir), out, cfg, eval_dir, progress=False)
+    ppl = [h["ppl"] for h in results["history"]]
+    assert [h["step"] for h in results["history"]] == [0, 10, 20, 30]
+    assert ppl[-1] < 0.5 * ppl[0] and results["baseline_ppl"] > 1
+    assert "Watermarked baseline" in _section_in_report(eval_dir, out)
+    model, _ = load_model(str(model_dir))
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    new = torch.randn_like(head(model).weight)
+    install_head(model, new)
+    assert torch.equal(head(model).weight, new) and torch.equal(model.get_input_embeddings().weight, embeddings)
+    ids = torch.tensor([tokenizer("the river city council voted on a new plan").input_ids])
+    logits = model(input_ids=ids).logits[0, :-1].detach()
+    expected = float(torch.nn.functional.cross_entropy(logits, ids[0, 1:]))
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state.detach()
+    assert head_nll(hidden, ids, new) == pytest.approx(expected, rel=1e-4)
+
+
+def test_selector_inversion_control_agrees_and_other_seeds_do_not(model_dir, corpus_file, tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(json.dumps({"text": t}) for t in make_corpus(40, seed=7)) + "\n")
+    cfg = InversionConfig(
+        corpora=(str(corpus_file), str(other)),
+        test_corpora=(str(corpus_file),),
+        n_lists=8,
+        n_states=384,
+        n_test=128,
+        projection=False,
+        profile="small",
+        overrides={
+            "states.window_tokens": 96,
+            "states.positions_per_window": 32,
+            "states.context_tokens": 16,
+            "selector.min_cluster_size": 5,
+        },
+    )
+    results = run_inversion(str(model_dir), tmp_path / "inv", cfg, progress=False)
+    by_name = {r["condition"]: r for r in results["conditions"]}
+    assert by_name["Same dataset & seed (control)"]["ari"] == pytest.approx(1.0)
+    assert by_name["Same dataset & seed (control)"]["nmi"] == pytest.approx(1.0)
+    assert by_name["Different seed"]["ari"] < 1.0
+    assert all(-1 <= r["ari"] <= 1 and 0 <= r["nmi"] <= 1 for r in results["conditions"])
+    assert (tmp_path / "inv" / "report.md").read_text().count("| Different") == 3
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def test_attack_cli(eval_dir, tmp_path):
+    listing = runner.invoke(app, ["attack", "--help"])
+    for name in ("paraphrase", "finetune", "quantize", "reinit-head", "edit", "selector-inversion"):
+        assert name in listing.output
+    result = runner.invoke(
+        app, ["attack", "edit", "--eval", str(eval_dir), "--out", str(tmp_path / "cli-edit"), "--delete", "0.5"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "cli-edit" / "settings.json").read_text())["delete"] == 0.5
+    bad = runner.invoke(app, ["attack", "edit", "--eval", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "openstamp eval" in bad.output
+    bad = runner.invoke(
+        app, ["attack", "quantize", "--eval", str(eval_dir), "--scheme", "int3", "--out", str(tmp_path / "q")]
+    )
+    assert bad.exit_code == 2 and "schemes" in bad.output
