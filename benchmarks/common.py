@@ -60,7 +60,7 @@ def interleaved(fns: dict, repeats: int = 3) -> dict[str, float]:
 
 
 def write_result(name: str, data: dict) -> Path:
-    from openstamp.embed import versions
+    from openstamp.watermark import versions
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -65,9 +65,7 @@ def evaluate(positives, negatives) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEMO / "model")
     parser.add_argument("--key", type=Path, default=DEMO / "key")
     parser.add_argument("--n", type=int, default=200)
@@ -94,10 +92,7 @@ def main() -> None:
     detection_s = time.perf_counter() - start
     on_ids = detector.detect(generated, progress=True)
     same_ids = np.mean(
-        [
-            tokenizer(t, add_special_tokens=False).input_ids == g
-            for t, g in zip(decoded, generated, strict=True)
-        ]
+        [tokenizer(t, add_special_tokens=False).input_ids == g for t, g in zip(decoded, generated, strict=True)]
     )
     text_eval, ids_eval = evaluate(on_text, on_human), evaluate(on_ids, on_human)
     write_result(

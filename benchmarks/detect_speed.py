@@ -37,9 +37,7 @@ def windows(tokenizer, n: int, length: int) -> list[list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEMO / "model")
     parser.add_argument("--key", type=Path, default=DEMO / "key")
     parser.add_argument("--batch", type=int, default=16)

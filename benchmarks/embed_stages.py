@@ -27,9 +27,7 @@ from openstamp.text import prompt_windows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--corpus", default="wikipedia")
     parser.add_argument("--profile", default="default")
@@ -88,9 +86,7 @@ def main() -> None:
     write_result("embed_stages", result)
     print(f"\nembedding at profile {result['profile']} ({stats['n_states']} states):")
     for stage, s in stats["timings_s"].items():
-        print(
-            f"  {stage:22s}{s:8.1f} s   peak {stats.get('peak_rss_mb', {}).get(stage, float('nan')):7.0f} MB"
-        )
+        print(f"  {stage:22s}{s:8.1f} s   peak {stats.get('peak_rss_mb', {}).get(stage, float('nan')):7.0f} MB")
     if not args.skip_embed:
         print(f"  total (incl. loading, saving){embed_s:8.1f} s")
     ratio = result["generation"]["ratio_watermarked_to_original"]

@@ -16,11 +16,11 @@ import torch
 from common import write_result
 
 from openstamp import load_documents, load_model, load_profile, split_documents
-from openstamp.embed import split_by_document
 from openstamp.embedder import encode_texts
 from openstamp.hidden import collect_states
 from openstamp.key.projection import train_projection
 from openstamp.key.selector import accuracy, cluster, rescale_rows, ridge
+from openstamp.watermark import split_by_document
 
 
 def fit(z_train, z_held, cfg, intercept: bool) -> dict:
@@ -38,8 +38,12 @@ def fit(z_train, z_held, cfg, intercept: bool) -> dict:
         zh = torch.cat([zh, torch.ones(len(zh), 1)], 1)
     S = ridge(zt, y[y >= 0], int(keep.sum()), cfg.ridge_lambda)
     S, factors = rescale_rows(S, zt, y[y >= 0])
-    return {"train_accuracy": accuracy(S, zt, y[y >= 0]), "heldout_accuracy": accuracy(S, zh, y_held[y_held >= 0]),
-            "rescale_factor_mean": float(factors.mean()), "n_lists": int(keep.sum())}
+    return {
+        "train_accuracy": accuracy(S, zt, y[y >= 0]),
+        "heldout_accuracy": accuracy(S, zh, y_held[y_held >= 0]),
+        "rescale_factor_mean": float(factors.mean()),
+        "n_lists": int(keep.sum()),
+    }
 
 
 def main() -> None:
@@ -63,8 +67,16 @@ def main() -> None:
             label = f"{name}, {'with' if intercept else 'no'} intercept"
             rows[label] = fit(z[train], z[held], cfg.selector, intercept)
             print(label, rows[label], flush=True)
-    write_result("selector_variants", {"model": args.model, "corpus": args.corpus, "n_states": len(states),
-                                       "n_lists": cfg.selector.n_lists, "variants": rows})
+    write_result(
+        "selector_variants",
+        {
+            "model": args.model,
+            "corpus": args.corpus,
+            "n_states": len(states),
+            "n_lists": cfg.selector.n_lists,
+            "variants": rows,
+        },
+    )
     print(f"\n{'variant':32s}{'train acc':>10s}{'held-out acc':>14s}{'rescale x':>11s}")
     for label, r in rows.items():
         print(f"{label:32s}{r['train_accuracy']:10.3f}{r['heldout_accuracy']:14.3f}{r['rescale_factor_mean']:11.2f}")

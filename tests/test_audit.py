@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from openstamp.audit import audit, sketch_rank
 from openstamp.cli import app as cli
-from openstamp.embed import record_model
 from openstamp.key import WatermarkKey
 from openstamp.patch import apply_watermark, head, is_tied
+from openstamp.watermark import record_model
 
 runner = CliRunner()
 

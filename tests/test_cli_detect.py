@@ -60,9 +60,7 @@ def run_detect(release, *args):
 
 
 def test_detect_texts_from_every_input_kind(release, tmp_path):
-    text = (
-        "the river city council voted on a new plan for public parks and schools while farmers reported rain"
-    )
+    text = "the river city council voted on a new plan for public parks and schools while farmers reported rain"
     result = run_detect(release, "--text", text, "--text", "")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
@@ -169,9 +167,7 @@ def test_calibrate_stores_thresholds_used_by_detect(release, corpus_file, tmp_pa
     thresholds = header["calibration"]["llr_thresholds"]
     assert set(thresholds) == {"0.05", "0.1"} and thresholds["0.05"] >= thresholds["0.1"]
     assert (tmp_path / "report" / "pvalues_qq.png").stat().st_size > 1000
-    text = (
-        "the museum opened an exhibit about ancient trade routes and coastal villages while farmers reported"
-    )
+    text = "the museum opened an exhibit about ancient trade routes and coastal villages while farmers reported"
     flagged = run_detect(release, "--text", text, "--calibrated", "--fpr", "0.05")
     record = json.loads(flagged.stdout)
     assert record["rule"] == f"llr > {thresholds['0.05']:.4g}"
@@ -209,6 +205,4 @@ def test_demo_embeds_generates_and_detects(tiny_model_dir, corpus_file, tmp_path
     sample = record["samples"][0]
     assert set(sample["detection"]) == {"original", "watermarked", "human"}
     assert sample["detection"]["watermarked"]["status"] == "ok"
-    assert (tmp_path / "demo" / "model" / "config.json").exists() and (
-        tmp_path / "demo" / "key" / "secret"
-    ).exists()
+    assert (tmp_path / "demo" / "model" / "config.json").exists() and (tmp_path / "demo" / "key" / "secret").exists()

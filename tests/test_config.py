@@ -6,9 +6,7 @@ from openstamp.config import EmbedConfig, load_profile, profile_names
 def test_profiles_ship_as_package_data():
     assert {"default", "paper", "small"} <= set(profile_names())
     paper = load_profile("paper")
-    assert (
-        paper.projection.temperature == 0.1 and paper.projection.lr == 1e-5 and paper.projection.epochs == 15
-    )
+    assert paper.projection.temperature == 0.1 and paper.projection.lr == 1e-5 and paper.projection.epochs == 15
     assert paper.states.n_states == 1_500_000 and paper.selector.n_lists == 254
 
 

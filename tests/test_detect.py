@@ -8,11 +8,11 @@ from sklearn.metrics import roc_auc_score
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
-from openstamp.embed import build_key, record_model
 from openstamp.generate import sample_completions
 from openstamp.key import KeyMismatchError
 from openstamp.models import load_model
 from openstamp.patch import apply_watermark, head, is_tied
+from openstamp.watermark import build_key, record_model
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +93,8 @@ def test_original_model_plus_key_gives_the_same_scores(setup):
 
 def test_left_and_right_padding_and_batching_give_identical_scores(setup):
     texts = [setup["wm"][0][:20], setup["wm"][1], setup["plain"][2][:31]]
-    right = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(padding_side="right")).detect(
-        texts
-    )
-    left = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(padding_side="left")).detect(
-        texts
-    )
+    right = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(padding_side="right")).detect(texts)
+    left = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(padding_side="left")).detect(texts)
     single = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(batch_size=1)).detect(texts)
     for a, b, c in zip(right, left, single, strict=True):
         assert abs(a.score - b.score) < 1e-5 and abs(a.score - c.score) < 1e-5

@@ -7,10 +7,10 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.corpus import CorpusError, load_documents, split_documents
-from openstamp.embed import build_key, embed
 from openstamp.key import WatermarkKey
 from openstamp.models import ModelNotFoundError, load_model
 from openstamp.patch import check_key
+from openstamp.watermark import build_key, embed
 
 runner = CliRunner()
 
@@ -28,9 +28,7 @@ def test_build_key_on_a_tiny_model(tiny_model_dir, corpus_file, tiny_config, tok
     assert set(padding_rows) <= set(key.never_green)
 
 
-def test_embed_writes_a_plain_checkpoint_and_a_matching_key(
-    tiny_model_dir, corpus_file, tiny_config, tmp_path
-):
+def test_embed_writes_a_plain_checkpoint_and_a_matching_key(tiny_model_dir, corpus_file, tiny_config, tmp_path):
     result = embed(
         str(tiny_model_dir),
         str(corpus_file),
@@ -112,9 +110,7 @@ def test_cli_embed_and_its_errors(tiny_model_dir, corpus_file, tmp_path):
     assert header["delta"] == 2.0 and header["n_lists"] <= 6 and not header["projection"]
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "already exists" in again.output
-    bad = runner.invoke(
-        app, ["embed", "--model", "nope", "--out", str(tmp_path / "x"), "--key", str(tmp_path / "y")]
-    )
+    bad = runner.invoke(app, ["embed", "--model", "nope", "--out", str(tmp_path / "x"), "--key", str(tmp_path / "y")])
     assert bad.exit_code == 2 and "unknown model" in bad.output
 
 
@@ -142,10 +138,7 @@ def test_cli_uses_a_given_secret(tiny_model_dir, corpus_file, tmp_path):
         str(secret),
         "--quiet",
     ]
-    assert (
-        runner.invoke(app, [*args, "--out", str(tmp_path / "m1"), "--key", str(tmp_path / "k1")]).exit_code
-        == 0
-    )
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "m1"), "--key", str(tmp_path / "k1")]).exit_code == 0
     assert (tmp_path / "k1" / "secret").read_bytes() == bytes([0xAB]) * 32
     secret.write_text("abcd")
     bad = runner.invoke(app, [*args, "--out", str(tmp_path / "m2"), "--key", str(tmp_path / "k2")])

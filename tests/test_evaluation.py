@@ -141,14 +141,10 @@ def test_eval_config_file_and_cli_overrides(model_dir, corpus_file, tmp_path):
         f"key_corpus: {corpus_file}\nn: 4\nprompt_tokens: 8\nnew_tokens: 20\noracle: none\n"
         "batch_size: 4\nmethod_settings: {openstamp-nosem: {profile: small, n_lists: 8}}\n"
     )
-    result = runner.invoke(
-        app, ["eval", "--config", str(path), "--n", "3", "--out", str(tmp_path / "run"), "--quiet"]
-    )
+    result = runner.invoke(app, ["eval", "--config", str(path), "--n", "3", "--out", str(tmp_path / "run"), "--quiet"])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "run" / "config.json").read_text())["n"] == 3
-    bad = runner.invoke(
-        app, ["eval", "--config", str(path), "--set", "nonsense=1", "--out", str(tmp_path / "x")]
-    )
+    bad = runner.invoke(app, ["eval", "--config", str(path), "--set", "nonsense=1", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "nonsense" in bad.output
 
 

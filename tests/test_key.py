@@ -86,6 +86,4 @@ def test_corrupt_json_is_reported(tmp_path):
 
 def test_short_secret_is_refused():
     with pytest.raises(ValueError, match="16 bytes"):
-        WatermarkKey(
-            secret=b"short", selector=torch.zeros(2, 4), projection=None, gamma=0.25, delta=1.0, vocab_size=10
-        )
+        WatermarkKey(secret=b"short", selector=torch.zeros(2, 4), projection=None, gamma=0.25, delta=1.0, vocab_size=10)

@@ -3,9 +3,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from openstamp.embed import record_model
 from openstamp.key import KeyMismatchError, WatermarkKey
 from openstamp.patch import apply_watermark, check_key, head, is_tied, revert_watermark
+from openstamp.watermark import record_model
 
 
 def load(path, dtype=torch.float32):

@@ -14,9 +14,7 @@ from pathlib import Path
 
 from openstamp.errors import AssetMissingError
 
-INSTALL_HINT = (
-    "install the packaged assets with `bash scripts/setup.sh` (or scripts/install_assets.sh {group})"
-)
+INSTALL_HINT = "install the packaged assets with `bash scripts/setup.sh` (or scripts/install_assets.sh {group})"
 
 
 @dataclass(frozen=True)
@@ -113,9 +111,7 @@ def gguf_path(asset: PackagedModel, cache_dir: Path) -> Path:
     ]
     missing = [str(p) for p in parts if not p.exists()]
     if missing:
-        raise AssetMissingError(
-            f"missing parts of {asset.alias}: {missing}; " + INSTALL_HINT.format(group=asset.group)
-        )
+        raise AssetMissingError(f"missing parts of {asset.alias}: {missing}; " + INSTALL_HINT.format(group=asset.group))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
     digest = hashlib.sha256()
@@ -127,9 +123,7 @@ def gguf_path(asset: PackagedModel, cache_dir: Path) -> Path:
                     out.write(block)
     if asset.sha256 and digest.hexdigest() != asset.sha256:
         tmp.unlink()
-        raise AssetMissingError(
-            f"joined {asset.alias} has sha256 {digest.hexdigest()}, expected {asset.sha256}"
-        )
+        raise AssetMissingError(f"joined {asset.alias} has sha256 {digest.hexdigest()}, expected {asset.sha256}")
     os.replace(tmp, target)
     return target
 

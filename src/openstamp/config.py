@@ -50,9 +50,7 @@ class ProjectionConfig:
     """P: aligns hidden states with sentence embeddings of their prefixes (paper eq. 2)."""
 
     enabled: bool = _help(True, "train P; False gives the paper's 'w/o sem-align' ablation (P = I)")
-    embedder: str = _help(
-        "minilm", "sentence-transformers model for targets: 'minilm' (packaged), a name or path"
-    )
+    embedder: str = _help("minilm", "sentence-transformers model for targets: 'minilm' (packaged), a name or path")
     n_states: int = _help(6144, "states (a subset of the sampled ones) used to train P")
     temperature: float = _help(0.1, "T_sim of the similarity softmax")
     lr: float = _help(1e-3, "AdamW learning rate")
@@ -184,21 +182,15 @@ class DetectConfig:
 
     alpha: float = _help(0.01, "false-positive rate of the decision (p-value <= alpha)")
     threshold: float | None = _help(None, "flag when the mean LLR exceeds this, instead of using the p-value")
-    calibrated: bool = _help(
-        False, "flag with the key's calibrated LLR threshold for alpha (openstamp calibrate)"
-    )
+    calibrated: bool = _help(False, "flag with the key's calibrated LLR threshold for alpha (openstamp calibrate)")
     p_values: bool = _help(True, "compute the permutation p-value (one more |V| x L product per token)")
     n_permutations: int = _help(999, "permutations of the list assignment; p-values are >= 1 / (K + 1)")
     min_tokens: int = _help(16, "texts with fewer scored tokens are reported as too short, without a score")
     max_tokens: int = _help(2048, "longer inputs are truncated to this many tokens (prompt first)")
     batch_size: int = _help(16, "texts per forward pass")
     chunk_tokens: int = _help(512, "tokens per head computation")
-    vocab_block: int = _help(
-        2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block"
-    )
-    centring_top_k: int = _help(
-        32, "original-model tokens whose green membership centres the permutation statistic"
-    )
+    vocab_block: int = _help(2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block")
+    centring_top_k: int = _help(32, "original-model tokens whose green membership centres the permutation statistic")
     padding_side: str = _help("right", "right or left; scores do not depend on it")
     check_key: bool = _help(True, "refuse a key whose recorded lm_head fingerprint does not match the model")
 
@@ -209,9 +201,7 @@ class DetectConfig:
             "use either threshold or calibrated, not both",
         )
         _check(self.n_permutations >= 1, "n_permutations must be >= 1")
-        _check(
-            self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens"
-        )
+        _check(self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens")
         _check(
             min(self.batch_size, self.chunk_tokens, self.vocab_block) >= 1,
             "batch and block sizes must be >= 1",
@@ -234,20 +224,14 @@ class EvalConfig:
     model: str = _help("smollm2-135m", "model to watermark (hub id, local directory or packaged alias)")
     methods: tuple[str, ...] = _help(DEFAULT_METHODS, "methods to compare (see openstamp.methods.REGISTRY)")
     corpus: str = _help("news,wikipedia", "prompt corpora, comma-separated; windows are interleaved")
-    key_corpus: str = _help(
-        "wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it"
-    )
+    key_corpus: str = _help("wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it")
     n: int = _help(200, "prompts (and watermarked samples) per method and seed")
     prompt_tokens: int = _help(50, "tokens of real text per prompt")
     new_tokens: int = _help(200, "tokens per completion (min = max new tokens) and per human continuation")
     temperature: float = _help(1.0, "sampling temperature")
     top_p: float = _help(1.0, "nucleus sampling; 0.9 is the quality setting")
-    seeds: tuple[int, ...] = _help(
-        (0,), "seeds; each builds its own keys and samples; reported as mean +- sd"
-    )
-    strengths: dict = field(
-        default_factory=dict, metadata={"help": "method -> strength (default: the method's own)"}
-    )
+    seeds: tuple[int, ...] = _help((0,), "seeds; each builds its own keys and samples; reported as mean +- sd")
+    strengths: dict = field(default_factory=dict, metadata={"help": "method -> strength (default: the method's own)"})
     sweep: bool = _help(False, "run each method over its strength grid for the Pareto plot")
     grids: dict = field(default_factory=dict, metadata={"help": "method -> strength grid for the sweep"})
     method_settings: dict = field(default_factory=dict, metadata={"help": "method -> {config field: value}"})
@@ -258,9 +242,7 @@ class EvalConfig:
     device: str = _help("cpu", "cpu, cuda or auto")
 
     def __post_init__(self) -> None:
-        _check(
-            self.n >= 2 and self.prompt_tokens >= 1 and self.new_tokens >= 16, "need n >= 2, new_tokens >= 16"
-        )
+        _check(self.n >= 2 and self.prompt_tokens >= 1 and self.new_tokens >= 16, "need n >= 2, new_tokens >= 16")
         _check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
         _check(len(self.seeds) >= 1 and len(self.methods) >= 1, "need at least one seed and one method")
         _check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")

@@ -97,9 +97,7 @@ def _packaged(name: str) -> list[Document]:
 
 def _local(path: Path, text_field: str) -> list[Document]:
     if not path.exists():
-        raise FileNotFoundError(
-            f"corpus {path} does not exist (not a file, folder, packaged name or hf: spec)"
-        )
+        raise FileNotFoundError(f"corpus {path} does not exist (not a file, folder, packaged name or hf: spec)")
     if path.is_dir():
         docs: list[Document] = []
         for file in sorted(path.rglob("*")):

@@ -43,9 +43,7 @@ class Window:
     positions: list[int]
 
 
-def plan_windows(
-    tokenizer: PreTrainedTokenizerBase, documents: list[Document], cfg: StatesConfig
-) -> list[Window]:
+def plan_windows(tokenizer: PreTrainedTokenizerBase, documents: list[Document], cfg: StatesConfig) -> list[Window]:
     """Choose windows and positions deterministically from ``cfg.seed``."""
     rng = np.random.default_rng(cfg.seed)
     prefix = bos_prefix(tokenizer)
@@ -69,9 +67,7 @@ def plan_windows(
     windows = []
     for i in order:
         d, chunk = candidates[i]
-        positions = rng.choice(
-            np.arange(cfg.min_context, len(chunk)), cfg.positions_per_window, replace=False
-        )
+        positions = rng.choice(np.arange(cfg.min_context, len(chunk)), cfg.positions_per_window, replace=False)
         windows.append(Window(d, chunk, sorted(positions.tolist())))
     return windows
 

@@ -110,9 +110,7 @@ def build_key(
                 [states.texts[i] for i in subset.tolist()], cfg.projection.embedder, progress=progress
             )
         with monitor.stage("projection"):
-            projection, projection_stats = train_projection(
-                states.hidden[subset], targets, cfg.projection, progress
-            )
+            projection, projection_stats = train_projection(states.hidden[subset], targets, cfg.projection, progress)
     z = states.hidden if projection is None else states.hidden @ projection.T
     with monitor.stage("selector"):
         selector, selector_stats = fit_selector(z[train], z[held], cfg.selector)
@@ -146,9 +144,7 @@ def build_key(
     return key
 
 
-def record_model(
-    key: WatermarkKey, model: PreTrainedModel, source: str, original: torch.Tensor, tied: bool
-) -> None:
+def record_model(key: WatermarkKey, model: PreTrainedModel, source: str, original: torch.Tensor, tied: bool) -> None:
     """Store the model's identity and the sha256 of its original and watermarked heads in the key."""
     key.meta["model"] = {
         "source": source,

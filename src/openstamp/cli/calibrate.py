@@ -20,13 +20,9 @@ from openstamp.cli.common import (
 
 @friendly_errors
 def calibrate(
-    model: str = typer.Option(
-        ..., "--model", "-m", help="the watermarked checkpoint (or the original model)"
-    ),
+    model: str = typer.Option(..., "--model", "-m", help="the watermarked checkpoint (or the original model)"),
     key: Path = typer.Option(..., "--key", "-k", help="the key directory; the calibration is stored in it"),
-    corpus: str = typer.Option(
-        "wikipedia,news", help="comma-separated reference corpora (held-out parts are used)"
-    ),
+    corpus: str = typer.Option("wikipedia,news", help="comma-separated reference corpora (held-out parts are used)"),
     n: int = typer.Option(1000, help="reference texts"),
     length: int = typer.Option(200, help="tokens per reference text"),
     fpr: str = typer.Option("0.001,0.01,0.05", help="comma-separated target false-positive rates"),
@@ -47,9 +43,7 @@ def calibrate(
     setup_logging(quiet)
     alphas = [float(a) for a in fpr.split(",")]
     config = DetectConfig(batch_size=batch_size, n_permutations=max(999, int(1 / min(alphas))))
-    detector = Detector.from_pretrained(
-        model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir
-    )
+    detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
     exclude = {d["sha256"] for d in detector.key.meta.get("corpus", {}).get("documents", [])}
     corpora = [c.strip() for c in corpus.split(",") if c.strip()]
     texts = reference_texts(detector.tokenizer, corpora, n, length, exclude)
@@ -70,9 +64,7 @@ def calibrate(
             report / "calibration.json",
             {**record, "p_values": p_values.tolist(), "scores": [r.score for r in results]},
         )
-        qq_plot(
-            p_values, report / "pvalues_qq.png", f"permutation p-values on {len(p_values)} held-out texts"
-        )
+        qq_plot(p_values, report / "pvalues_qq.png", f"permutation p-values on {len(p_values)} held-out texts")
     table = Table(title=f"calibration on {record['n_texts']} held-out texts of {length} tokens")
     for column in ("target FPR", "LLR threshold", "observed FPR of p-values"):
         table.add_column(column)
@@ -89,6 +81,4 @@ def calibrate(
         f"KS test of p-values against uniform: p = {record.get('p_value_ks_uniform', float('nan')):.3g}"
     )
     if store:
-        console.print(
-            f"thresholds stored in {key / 'key.json'}; use them with `openstamp detect --calibrated`"
-        )
+        console.print(f"thresholds stored in {key / 'key.json'}; use them with `openstamp detect --calibrated`")

@@ -30,9 +30,7 @@ USER_ERRORS = (
     ValueError,
 )
 
-ModelOption = typer.Option(
-    "smollm2-135m", "--model", "-m", help="hub id, local HF directory, or packaged alias"
-)
+ModelOption = typer.Option("smollm2-135m", "--model", "-m", help="hub id, local HF directory, or packaged alias")
 DtypeOption = typer.Option("float32", help="float32, bfloat16, float16 or auto")
 DeviceOption = typer.Option("cpu", help="cpu, cuda, cuda:N or auto")
 CacheOption = typer.Option(

@@ -33,11 +33,11 @@ def demo(
     from openstamp.config import DetectConfig, load_profile
     from openstamp.corpus import load_documents, split_documents
     from openstamp.detect import Detector
-    from openstamp.embed import embed as run_embed
     from openstamp.generate import sample_completions
     from openstamp.models import load_model
     from openstamp.storage import atomic_write_json
     from openstamp.text import prompt_windows
+    from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -60,9 +60,7 @@ def demo(
     windows = prompt_windows(tokenizer, texts, prompt_tokens, new_tokens, limit=n)
     prompt_ids = [p for p, _ in windows]
     original, _ = load_model(model, cache_dir=cache_dir)
-    released = AutoModelForCausalLM.from_pretrained(
-        result.model_dir
-    ).eval()  # plain transformers, no OpenStamp
+    released = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()  # plain transformers, no OpenStamp
     samples = {}
     for name, m in (("original", original), ("watermarked", released)):
         ids = sample_completions(m, tokenizer, prompt_ids, new_tokens, seed=seed, progress=not quiet)
@@ -97,9 +95,7 @@ def demo(
         "key_id": result.key.key_id,
     }
     atomic_write_json(out_dir / "demo.json", {"settings": settings, "samples": records})
-    console.print(
-        f"watermarked checkpoint: [bold]{result.model_dir}[/] (plain AutoModelForCausalLM.from_pretrained)"
-    )
+    console.print(f"watermarked checkpoint: [bold]{result.model_dir}[/] (plain AutoModelForCausalLM.from_pretrained)")
     console.print(f"private key:            [bold]{result.key_dir}[/] (keep it secret)")
     console.print(f"samples and scores:     [bold]{out_dir / 'demo.json'}[/]")
 
@@ -112,9 +108,7 @@ def _verdict(result) -> str:
 
 
 def _summary(scores: dict, config) -> Table:
-    table = Table(
-        title=f"detection at false-positive rate {config.alpha:g} ({config.n_permutations} permutations)"
-    )
+    table = Table(title=f"detection at false-positive rate {config.alpha:g} ({config.n_permutations} permutations)")
     for column in ("completions by", "mean LLR", "median p-value", "flagged"):
         table.add_column(column)
     for name, results in scores.items():
@@ -122,7 +116,5 @@ def _summary(scores: dict, config) -> Table:
         mean = sum(r.score for r in ok) / max(len(ok), 1)
         median_p = sorted(r.p_value for r in ok)[len(ok) // 2] if ok else float("nan")
         label = "human (real continuation)" if name == "human" else f"{name} model"
-        table.add_row(
-            label, f"{mean:+.3f}", f"{median_p:.3g}", f"{sum(bool(r.decision) for r in ok)} / {len(results)}"
-        )
+        table.add_row(label, f"{mean:+.3f}", f"{median_p:.3g}", f"{sum(bool(r.decision) for r in ok)} / {len(results)}")
     return table

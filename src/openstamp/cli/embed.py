@@ -56,13 +56,9 @@ def embed(
     corpus: str = typer.Option(
         "wikipedia", help="wikipedia, news, a .txt/.jsonl file or folder, or hf:name[:config]:split:field"
     ),
-    corpus_part: str = typer.Option(
-        "key", help="documents to use: the 'key' half of the hash split, or 'all'"
-    ),
+    corpus_part: str = typer.Option("key", help="documents to use: the 'key' half of the hash split, or 'all'"),
     profile: str = typer.Option("default", help="settings profile: default (CPU, minutes), paper, small"),
-    config: Path | None = typer.Option(
-        None, help="JSON file of settings (sections states/projection/selector/green)"
-    ),
+    config: Path | None = typer.Option(None, help="JSON file of settings (sections states/projection/selector/green)"),
     gamma: float | None = typer.Option(None, help="green-list fraction"),
     delta: float | None = typer.Option(None, help="watermark strength (logit boost)"),
     lists: int | None = typer.Option(None, help="L, the number of clusters / green lists"),
@@ -71,16 +67,10 @@ def embed(
     embedder: str | None = typer.Option(
         None, help="sentence-transformers model for P's targets (default: packaged MiniLM)"
     ),
-    no_projection: bool = typer.Option(
-        False, "--no-projection", help="P = I: the paper's 'w/o sem-align' ablation"
-    ),
+    no_projection: bool = typer.Option(False, "--no-projection", help="P = I: the paper's 'w/o sem-align' ablation"),
     seed: int | None = typer.Option(None, help="seed for sampling states and k-means"),
-    secret_file: Path | None = typer.Option(
-        None, help="use this secret (raw bytes or hex) instead of a random one"
-    ),
-    settings: list[str] | None = typer.Option(
-        None, "--set", help="any setting, e.g. --set projection.lr=1e-4"
-    ),
+    secret_file: Path | None = typer.Option(None, help="use this secret (raw bytes or hex) instead of a random one"),
+    settings: list[str] | None = typer.Option(None, "--set", help="any setting, e.g. --set projection.lr=1e-4"),
     dtype: str = DtypeOption,
     device: str = DeviceOption,
     cache_dir: Path | None = CacheOption,
@@ -88,7 +78,7 @@ def embed(
     quiet: bool = typer.Option(False, help="no progress bars"),
 ) -> None:
     """Build a watermark key on a corpus and write it into a model's lm_head."""
-    from openstamp.embed import embed as run_embed
+    from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
     flags = {
@@ -139,9 +129,7 @@ def print_summary(key, model_dir: Path, key_dir: Path) -> None:
         "green lists",
         f"{sel['n_lists']} of {sel['n_lists_requested']} ({sel['n_dropped_clusters']} small ones dropped)",
     )
-    table.add_row(
-        "selector accuracy", f"train {sel['train_accuracy']:.3f}, held out {sel['heldout_accuracy']:.3f}"
-    )
+    table.add_row("selector accuracy", f"train {sel['train_accuracy']:.3f}, held out {sel['heldout_accuracy']:.3f}")
     table.add_row(
         "effective strength",
         f"{sel['effective_strength']:.3f} ({sel['effective_strength_over_delta']:.2f} x delta)",

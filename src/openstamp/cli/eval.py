@@ -12,31 +12,21 @@ from openstamp.cli.common import console, friendly_errors, out, parse_settings, 
 
 @friendly_errors
 def evaluate(
-    out_dir: Path = typer.Option(
-        Path("runs/eval"), "--out", help="run directory; an interrupted run resumes"
-    ),
+    out_dir: Path = typer.Option(Path("runs/eval"), "--out", help="run directory; an interrupted run resumes"),
     config: Path | None = typer.Option(None, help="YAML or JSON file of settings; flags override it"),
     model: str | None = typer.Option(None, help="model to watermark (default smollm2-135m)"),
     methods: str | None = typer.Option(None, help="comma-separated methods (default: all six)"),
     corpus: str | None = typer.Option(None, help="comma-separated prompt corpora (default news,wikipedia)"),
-    key_corpus: str | None = typer.Option(
-        None, help="corpus whose key half builds the keys (default wikipedia)"
-    ),
+    key_corpus: str | None = typer.Option(None, help="corpus whose key half builds the keys (default wikipedia)"),
     n: int | None = typer.Option(None, help="prompts per method and seed (default 200)"),
     seeds: str | None = typer.Option(None, help="comma-separated seeds (default 0)"),
-    sweep: bool | None = typer.Option(
-        None, "--sweep/--no-sweep", help="run every method over its strength grid"
-    ),
+    sweep: bool | None = typer.Option(None, "--sweep/--no-sweep", help="run every method over its strength grid"),
     oracle: str | None = typer.Option(None, help="perplexity oracle model, or 'none' (default gemma3-270m)"),
-    top_p: float | None = typer.Option(
-        None, help="nucleus sampling (1.0 default; 0.9 is the quality setting)"
-    ),
+    top_p: float | None = typer.Option(None, help="nucleus sampling (1.0 default; 0.9 is the quality setting)"),
     temperature: float | None = typer.Option(None, help="sampling temperature (default 1.0)"),
     prompt_tokens: int | None = typer.Option(None, help="prompt length (default 50)"),
     new_tokens: int | None = typer.Option(None, help="completion length (default 200)"),
-    settings: list[str] | None = typer.Option(
-        None, "--set", help="any EvalConfig field, e.g. --set strengths={...}"
-    ),
+    settings: list[str] | None = typer.Option(None, "--set", help="any EvalConfig field, e.g. --set strengths={...}"),
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Compare OpenStamp with the baselines on detection and text quality, and write a report."""

@@ -102,9 +102,7 @@ def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude:
     mixed = [w for group in zip(*per_corpus, strict=False) for w in group]
     mixed += [w for windows in per_corpus for w in windows[min(map(len, per_corpus)) :]]
     if len(mixed) < n:
-        raise ValueError(
-            f"the held-out reference text gives {len(mixed)} windows of {length} tokens, fewer than {n}"
-        )
+        raise ValueError(f"the held-out reference text gives {len(mixed)} windows of {length} tokens, fewer than {n}")
     return tokenizer.batch_decode(mixed[:n], skip_special_tokens=True)
 
 

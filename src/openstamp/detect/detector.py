@@ -61,20 +61,14 @@ class Detector:
     ) -> None:
         self.model, self.tokenizer, self.key = model, tokenizer, key
         self.config = config or DetectConfig()
-        self.head_is_watermarked = (
-            check_key(model, key) if self.config.check_key else "watermarked"
-        ) == "watermarked"
+        self.head_is_watermarked = (check_key(model, key) if self.config.check_key else "watermarked") == "watermarked"
         self.weight = head(model).weight.detach()
         self.bias = getattr(head(model), "bias", None)
         self.device = model_device(model)
         self.bos = bos_prefix(tokenizer)
         self.never_green = torch.zeros(key.vocab_size, dtype=torch.bool)
         self.never_green[torch.tensor(key.never_green, dtype=torch.long)] = True
-        self.perms = (
-            permutations(key.secret, key.n_lists, self.config.n_permutations)
-            if self.config.p_values
-            else None
-        )
+        self.perms = permutations(key.secret, key.n_lists, self.config.n_permutations) if self.config.p_values else None
         self.threshold = self._threshold()
 
     @classmethod
@@ -186,9 +180,7 @@ class Detector:
             mask[i, start : start + len(seq)] = 1
             starts.append(start)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = final_hidden(
-            self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device)
-        )
+        hidden = final_hidden(self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device))
         rows, cols, targets, spans = [], [], [], []
         for i, (it, start) in enumerate(zip(items, starts, strict=True)):
             first = len(it.context) if it.context else 1  # index of the first scored token in seq
@@ -278,6 +270,4 @@ class Detector:
 
 
 def _to_cpu(stats: TokenStats) -> TokenStats:
-    return TokenStats(
-        **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.__dict__.items()}
-    )
+    return TokenStats(**{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.__dict__.items()})

@@ -149,9 +149,7 @@ def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, w
         values, pick = torch.topk(values, min(top_k, values.shape[1]), dim=-1)
         index = index.gather(1, pick)
         p_top = torch.exp(values - lse_orig.value()[:, None])  # (n, k) original probabilities
-        m = torch.bmm(p_top[:, None, :], green[index]).squeeze(1) + key.gamma * (
-            1 - p_top.sum(-1, keepdim=True)
-        )
+        m = torch.bmm(p_top[:, None, :], green[index]).squeeze(1) + key.gamma * (1 - p_top.sum(-1, keepdim=True))
         residual = g_x - m
         centred = delta * (s * residual).sum(-1)
     return TokenStats(llr, centred, discrete, is_green, selected, s, residual)

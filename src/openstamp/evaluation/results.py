@@ -82,8 +82,8 @@ def _mean_sd(values: list[float]) -> dict:
 
 
 def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict]) -> dict:
-    from openstamp.embed import versions
     from openstamp.evaluation.pipeline import load_generations
+    from openstamp.watermark import versions
 
     def ppl_of(name):
         path = out / "ppl" / f"{_name(name)}.json"
@@ -160,9 +160,7 @@ def write_samples(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[di
                 record["runs"][run] = {
                     "completion": decode(gens[i]),
                     "ppl": ppl[i] if ppl else None,
-                    **{
-                        f"{k}_score": scores[k][i]["score"] for k in ("watermarked", "human", "unwatermarked")
-                    },
+                    **{f"{k}_score": scores[k][i]["score"] for k in ("watermarked", "human", "unwatermarked")},
                     "p_value": scores["watermarked"][i]["p_value"],
                 }
             lines.append(json.dumps(record))

@@ -57,9 +57,7 @@ class WatermarkKey:
             raise ValueError("the secret must be at least 16 bytes (128 bits)")
         d = self.selector.shape[1]
         if self.projection is not None and tuple(self.projection.shape) != (d, d):
-            raise ValueError(
-                f"projection shape {tuple(self.projection.shape)} does not match selector width {d}"
-            )
+            raise ValueError(f"projection shape {tuple(self.projection.shape)} does not match selector width {d}")
 
     # -- shapes and derived matrices -----------------------------------------------------------
 
@@ -176,7 +174,5 @@ class WatermarkKey:
             meta=meta,
         )
         if key.key_id != header["key_id"]:
-            raise InvalidKeyError(
-                f"key {directory}: the secret or factors do not match key.json (key id differs)"
-            )
+            raise InvalidKeyError(f"key {directory}: the secret or factors do not match key.json (key id differs)")
         return key

@@ -32,9 +32,7 @@ def list_values(secret: bytes, list_index: int, vocab_size: int) -> np.ndarray:
         raise ValueError("the secret must not be empty")
     if not 0 <= list_index < 2**32:
         raise ValueError(f"list index {list_index} out of range")
-    xof = hashlib.shake_256(
-        _DOMAIN + len(secret).to_bytes(2, "little") + secret + list_index.to_bytes(4, "little")
-    )
+    xof = hashlib.shake_256(_DOMAIN + len(secret).to_bytes(2, "little") + secret + list_index.to_bytes(4, "little"))
     return np.frombuffer(xof.digest(4 * vocab_size), dtype="<u4")
 
 

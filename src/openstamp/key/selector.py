@@ -11,9 +11,7 @@ from openstamp.config import SelectorConfig
 _FULL_KMEANS_LIMIT = 200_000  # above this many states, use incremental (mini-batch) k-means as the paper does
 
 
-def ridge(
-    z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, intercept: bool = False
-) -> torch.Tensor:
+def ridge(z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, intercept: bool = False) -> torch.Tensor:
     """Solve min_S sum_i ||S z_i - y_i||^2 + lam ||S||_F^2 in closed form (float64).
 
     Args:
@@ -64,9 +62,7 @@ def accuracy(S: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> float:
     return float(((z @ S.T).argmax(-1) == labels).float().mean())
 
 
-def fit_selector(
-    z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorConfig
-) -> tuple[torch.Tensor, dict]:
+def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorConfig) -> tuple[torch.Tensor, dict]:
     """Cluster, drop small clusters, ridge-regress, rescale.
 
     Args:
