@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from tokenizers import decoders as tk_decoders
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from typer.testing import CliRunner
 
 from openstamp.config import load_profile
 
@@ -107,3 +108,43 @@ def tiny_config():
             "selector.min_cluster_size": 5,
         }
     )
+
+
+# `openstamp embed` flags that suit the tiny model: no projection, 6 lists, few states
+SMALL_EMBED = [
+    "--profile",
+    "small",
+    "--no-projection",
+    "--lists",
+    "6",
+    "--set",
+    "states.n_states=256",
+    "--set",
+    "states.window_tokens=96",
+    "--set",
+    "selector.min_cluster_size=5",
+    "--quiet",
+]
+
+
+@pytest.fixture(scope="module")
+def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
+    """A tiny watermarked release (model/) and its key (key/), built through the CLI; one per test module."""
+    from openstamp.cli import app
+
+    root = tmp_path_factory.mktemp("release")
+    args = [
+        "embed",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus_file),
+        "--out",
+        str(root / "model"),
+        "--key",
+        str(root / "key"),
+        *SMALL_EMBED,
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return root

@@ -1,45 +1,12 @@
 import json
 
 import pytest
+from conftest import SMALL_EMBED
 from typer.testing import CliRunner
 
 from openstamp.cli import app
 
 runner = CliRunner()
-SMALL = [
-    "--profile",
-    "small",
-    "--no-projection",
-    "--lists",
-    "6",
-    "--set",
-    "states.n_states=256",
-    "--set",
-    "states.window_tokens=96",
-    "--set",
-    "selector.min_cluster_size=5",
-    "--quiet",
-]
-
-
-@pytest.fixture(scope="module")
-def release(tiny_model_dir, corpus_file, tmp_path_factory):
-    root = tmp_path_factory.mktemp("release")
-    args = [
-        "embed",
-        "--model",
-        str(tiny_model_dir),
-        "--corpus",
-        str(corpus_file),
-        "--out",
-        str(root / "model"),
-        "--key",
-        str(root / "key"),
-        *SMALL,
-    ]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    return root
 
 
 def run_detect(release, *args):
@@ -118,7 +85,7 @@ def test_detect_refuses_the_wrong_key(release, tiny_model_dir, corpus_file, tmp_
         str(tmp_path / "model"),
         "--key",
         str(tmp_path / "key"),
-        *SMALL,
+        *SMALL_EMBED,
     ]
     assert runner.invoke(app, other).exit_code == 0
     result = runner.invoke(

@@ -22,41 +22,7 @@ from openstamp.service.auth import ApiKeys as Keys
 
 TOKEN = "client-token-0123456789abcdef"
 TEXT = "scientists measured the glacier and found it shrinking faster than expected the museum opened an exhibit"
-SMALL = [
-    "--profile",
-    "small",
-    "--no-projection",
-    "--lists",
-    "6",
-    "--set",
-    "states.n_states=256",
-    "--set",
-    "states.window_tokens=96",
-    "--set",
-    "selector.min_cluster_size=5",
-    "--quiet",
-]
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def release(tiny_model_dir, corpus_file, tmp_path_factory):
-    root = tmp_path_factory.mktemp("release")
-    args = [
-        "embed",
-        "--model",
-        str(tiny_model_dir),
-        "--corpus",
-        str(corpus_file),
-        "--out",
-        str(root / "model"),
-        "--key",
-        str(root / "key"),
-        *SMALL,
-    ]
-    result = runner.invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    return root
 
 
 @pytest.fixture(scope="module")

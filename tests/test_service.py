@@ -9,9 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from openstamp.cli import app as cli
 from openstamp.config import DetectConfig
 from openstamp.detect import Detector
 from openstamp.detect.calibrate import store_calibration
@@ -21,40 +19,6 @@ TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TEXT = "the river city council voted on a new plan for public parks and schools while farmers reported rain"
 LIMITS = dict(max_texts=6, max_chars=400, max_request_tokens=600, max_body_bytes=8000)
-SMALL = [
-    "--profile",
-    "small",
-    "--no-projection",
-    "--lists",
-    "6",
-    "--set",
-    "states.n_states=256",
-    "--set",
-    "states.window_tokens=96",
-    "--set",
-    "selector.min_cluster_size=5",
-    "--quiet",
-]
-
-
-@pytest.fixture(scope="module")
-def release(tiny_model_dir, corpus_file, tmp_path_factory):
-    root = tmp_path_factory.mktemp("release")
-    args = [
-        "embed",
-        "--model",
-        str(tiny_model_dir),
-        "--corpus",
-        str(corpus_file),
-        "--out",
-        str(root / "model"),
-        "--key",
-        str(root / "key"),
-        *SMALL,
-    ]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,13 @@ from importlib import resources
 from typing import Any
 
 
-def _help(default: Any, text: str) -> Any:
+def option(default: Any, text: str) -> Any:
+    """A dataclass field with help text (the CLI and the docs show it)."""
     return field(default=default, metadata={"help": text})
 
 
-def _check(condition: bool, message: str) -> None:
+def check(condition: bool, message: str) -> None:
+    """Validation in ``__post_init__``: raise ValueError with ``message`` unless ``condition``."""
     if not condition:
         raise ValueError(message)
 
@@ -27,90 +29,90 @@ def _check(condition: bool, message: str) -> None:
 class StatesConfig:
     """Where hidden states are sampled: one forward pass per window gives all of its prefixes."""
 
-    n_states: int = _help(24576, "hidden states sampled from the corpus (k-means and ridge use all of them)")
-    window_tokens: int = _help(256, "tokens per document window; one forward pass per window")
-    positions_per_window: int = _help(64, "token positions sampled in each window")
-    min_context: int = _help(16, "earliest position sampled in a window, so every prefix has some context")
-    context_tokens: int = _help(64, "last tokens of each prefix kept as its text, the projection target")
-    batch_size: int = _help(8, "windows per forward pass")
-    seed: int = _help(0, "seed for choosing windows and positions")
+    n_states: int = option(24576, "hidden states sampled from the corpus (k-means and ridge use all of them)")
+    window_tokens: int = option(256, "tokens per document window; one forward pass per window")
+    positions_per_window: int = option(64, "token positions sampled in each window")
+    min_context: int = option(16, "earliest position sampled in a window, so every prefix has some context")
+    context_tokens: int = option(64, "last tokens of each prefix kept as its text, the projection target")
+    batch_size: int = option(8, "windows per forward pass")
+    seed: int = option(0, "seed for choosing windows and positions")
 
     def __post_init__(self) -> None:
-        _check(self.n_states > 0, "states.n_states must be positive")
-        _check(self.window_tokens > self.min_context >= 0, "need 0 <= states.min_context < window_tokens")
-        _check(
+        check(self.n_states > 0, "states.n_states must be positive")
+        check(self.window_tokens > self.min_context >= 0, "need 0 <= states.min_context < window_tokens")
+        check(
             0 < self.positions_per_window <= self.window_tokens - self.min_context,
             "states.positions_per_window must fit between min_context and window_tokens",
         )
-        _check(self.context_tokens > 0 and self.batch_size > 0, "context_tokens and batch_size must be > 0")
+        check(self.context_tokens > 0 and self.batch_size > 0, "context_tokens and batch_size must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectionConfig:
     """P: aligns hidden states with sentence embeddings of their prefixes (paper eq. 2)."""
 
-    enabled: bool = _help(True, "train P; False gives the paper's 'w/o sem-align' ablation (P = I)")
-    embedder: str = _help("minilm", "sentence-transformers model for targets: 'minilm' (packaged), a name or path")
-    n_states: int = _help(6144, "states (a subset of the sampled ones) used to train P")
-    temperature: float = _help(0.1, "T_sim of the similarity softmax")
-    lr: float = _help(1e-3, "AdamW learning rate")
-    weight_decay: float = _help(1e-2, "AdamW weight decay")
-    epochs: int = _help(8, "passes over the training states")
-    batch_size: int = _help(256, "in-batch similarity size |B|")
-    heldout_fraction: float = _help(0.1, "states held out to report the alignment loss")
-    seed: int = _help(0, "seed for batching")
+    enabled: bool = option(True, "train P; False gives the paper's 'w/o sem-align' ablation (P = I)")
+    embedder: str = option("minilm", "sentence-transformers model for targets: 'minilm' (packaged), a name or path")
+    n_states: int = option(6144, "states (a subset of the sampled ones) used to train P")
+    temperature: float = option(0.1, "T_sim of the similarity softmax")
+    lr: float = option(1e-3, "AdamW learning rate")
+    weight_decay: float = option(1e-2, "AdamW weight decay")
+    epochs: int = option(8, "passes over the training states")
+    batch_size: int = option(256, "in-batch similarity size |B|")
+    heldout_fraction: float = option(0.1, "states held out to report the alignment loss")
+    seed: int = option(0, "seed for batching")
 
     def __post_init__(self) -> None:
-        _check(self.temperature > 0, "projection.temperature must be > 0")
-        _check(self.lr > 0 and self.weight_decay >= 0, "projection.lr must be > 0, weight_decay >= 0")
-        _check(self.epochs > 0 and self.batch_size >= 4, "projection.epochs > 0 and batch_size >= 4")
-        _check(self.n_states >= 16, "projection.n_states must be >= 16")
-        _check(0 < self.heldout_fraction < 0.5, "projection.heldout_fraction must be in (0, 0.5)")
+        check(self.temperature > 0, "projection.temperature must be > 0")
+        check(self.lr > 0 and self.weight_decay >= 0, "projection.lr must be > 0, weight_decay >= 0")
+        check(self.epochs > 0 and self.batch_size >= 4, "projection.epochs > 0 and batch_size >= 4")
+        check(self.n_states >= 16, "projection.n_states must be >= 16")
+        check(0 < self.heldout_fraction < 0.5, "projection.heldout_fraction must be in (0, 0.5)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SelectorConfig:
     """S: ridge regression onto k-means clusters of the projected states."""
 
-    n_lists: int = _help(254, "L, the number of k-means clusters and green lists")
-    min_cluster_size: int = _help(10, "clusters with fewer training states are dropped")
-    ridge_lambda: float = _help(1e-3, "lambda of the closed-form ridge regression")
-    rescale: bool = _help(True, "scale rows so the winning selector value averages 1 on its own cluster")
-    heldout_fraction: float = _help(0.1, "states held out to report accuracy and effective strength")
-    kmeans_max_iter: int = _help(100, "k-means iterations")
-    seed: int = _help(0, "k-means seed")
+    n_lists: int = option(254, "L, the number of k-means clusters and green lists")
+    min_cluster_size: int = option(10, "clusters with fewer training states are dropped")
+    ridge_lambda: float = option(1e-3, "lambda of the closed-form ridge regression")
+    rescale: bool = option(True, "scale rows so the winning selector value averages 1 on its own cluster")
+    heldout_fraction: float = option(0.1, "states held out to report accuracy and effective strength")
+    kmeans_max_iter: int = option(100, "k-means iterations")
+    seed: int = option(0, "k-means seed")
 
     def __post_init__(self) -> None:
-        _check(self.n_lists >= 2, "selector.n_lists must be >= 2")
-        _check(self.min_cluster_size >= 1, "selector.min_cluster_size must be >= 1")
-        _check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
-        _check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
+        check(self.n_lists >= 2, "selector.n_lists must be >= 2")
+        check(self.min_cluster_size >= 1, "selector.min_cluster_size must be >= 1")
+        check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
+        check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class GreenConfig:
     """G: L keyed green lists, as in KGW."""
 
-    gamma: float = _help(0.25, "fraction of the vocabulary in each green list")
-    delta: float = _help(1.0, "logit boost of a green token under a one-hot selector")
+    gamma: float = option(0.25, "fraction of the vocabulary in each green list")
+    delta: float = option(1.0, "logit boost of a green token under a one-hot selector")
 
     def __post_init__(self) -> None:
-        _check(0 < self.gamma < 1, "green.gamma must be in (0, 1)")
-        _check(self.delta > 0, "green.delta must be > 0")
+        check(0 < self.gamma < 1, "green.gamma must be in (0, 1)")
+        check(self.delta > 0, "green.delta must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EmbedConfig:
     """Everything that decides a key, apart from the secret and the corpus."""
 
-    profile: str = _help("default", "name of the profile these settings started from")
+    profile: str = option("default", "name of the profile these settings started from")
     states: StatesConfig = field(default_factory=StatesConfig)
     projection: ProjectionConfig = field(default_factory=ProjectionConfig)
     selector: SelectorConfig = field(default_factory=SelectorConfig)
     green: GreenConfig = field(default_factory=GreenConfig)
 
     def __post_init__(self) -> None:
-        _check(
+        check(
             self.projection.n_states <= self.states.n_states or not self.projection.enabled,
             "projection.n_states cannot exceed states.n_states",
         )
@@ -180,35 +182,35 @@ def load_profile(name: str) -> EmbedConfig:
 class DetectConfig:
     """How texts are scored and flagged."""
 
-    alpha: float = _help(0.01, "false-positive rate of the decision (p-value <= alpha)")
-    threshold: float | None = _help(None, "flag when the mean LLR exceeds this, instead of using the p-value")
-    calibrated: bool = _help(False, "flag with the key's calibrated LLR threshold for alpha (openstamp calibrate)")
-    p_values: bool = _help(True, "compute the permutation p-value (one more |V| x L product per token)")
-    n_permutations: int = _help(999, "permutations of the list assignment; p-values are >= 1 / (K + 1)")
-    min_tokens: int = _help(16, "texts with fewer scored tokens are reported as too short, without a score")
-    max_tokens: int = _help(2048, "longer inputs are truncated to this many tokens (prompt first)")
-    batch_size: int = _help(16, "texts per forward pass")
-    chunk_tokens: int = _help(512, "tokens per head computation")
-    vocab_block: int = _help(2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block")
-    centring_top_k: int = _help(32, "original-model tokens whose green membership centres the permutation statistic")
-    padding_side: str = _help("right", "right or left; scores do not depend on it")
-    check_key: bool = _help(True, "refuse a key whose recorded lm_head fingerprint does not match the model")
+    alpha: float = option(0.01, "false-positive rate of the decision (p-value <= alpha)")
+    threshold: float | None = option(None, "flag when the mean LLR exceeds this, instead of using the p-value")
+    calibrated: bool = option(False, "flag with the key's calibrated LLR threshold for alpha (openstamp calibrate)")
+    p_values: bool = option(True, "compute the permutation p-value (one more |V| x L product per token)")
+    n_permutations: int = option(999, "permutations of the list assignment; p-values are >= 1 / (K + 1)")
+    min_tokens: int = option(16, "texts with fewer scored tokens are reported as too short, without a score")
+    max_tokens: int = option(2048, "longer inputs are truncated to this many tokens (prompt first)")
+    batch_size: int = option(16, "texts per forward pass")
+    chunk_tokens: int = option(512, "tokens per head computation")
+    vocab_block: int = option(2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block")
+    centring_top_k: int = option(32, "original-model tokens whose green membership centres the permutation statistic")
+    padding_side: str = option("right", "right or left; scores do not depend on it")
+    check_key: bool = option(True, "refuse a key whose recorded lm_head fingerprint does not match the model")
 
     def __post_init__(self) -> None:
-        _check(0 < self.alpha < 1, "alpha must be in (0, 1)")
-        _check(
+        check(0 < self.alpha < 1, "alpha must be in (0, 1)")
+        check(
             not (self.threshold is not None and self.calibrated),
             "use either threshold or calibrated, not both",
         )
-        _check(self.n_permutations >= 1, "n_permutations must be >= 1")
-        _check(self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens")
-        _check(
+        check(self.n_permutations >= 1, "n_permutations must be >= 1")
+        check(self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens")
+        check(
             min(self.batch_size, self.chunk_tokens, self.vocab_block) >= 1,
             "batch and block sizes must be >= 1",
         )
-        _check(self.centring_top_k >= 1, "centring_top_k must be >= 1")
-        _check(self.padding_side in ("left", "right"), "padding_side must be left or right")
-        _check(
+        check(self.centring_top_k >= 1, "centring_top_k must be >= 1")
+        check(self.padding_side in ("left", "right"), "padding_side must be left or right")
+        check(
             not (self.p_values and self.n_permutations < 1 / self.alpha - 1),
             f"{self.n_permutations} permutations cannot give p-values as small as alpha={self.alpha}",
         )
@@ -221,31 +223,31 @@ DEFAULT_METHODS = ("openstamp", "openstamp-nosem", "unremovable", "gaussmark", "
 class EvalConfig:
     """The paper's detection-vs-quality protocol (Evaluation protocol section, Table 1, Figure 2)."""
 
-    model: str = _help("smollm2-135m", "model to watermark (hub id, local directory or packaged alias)")
-    methods: tuple[str, ...] = _help(DEFAULT_METHODS, "methods to compare (see openstamp.methods.REGISTRY)")
-    corpus: str = _help("news,wikipedia", "prompt corpora, comma-separated; windows are interleaved")
-    key_corpus: str = _help("wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it")
-    n: int = _help(200, "prompts (and watermarked samples) per method and seed")
-    prompt_tokens: int = _help(50, "tokens of real text per prompt")
-    new_tokens: int = _help(200, "tokens per completion (min = max new tokens) and per human continuation")
-    temperature: float = _help(1.0, "sampling temperature")
-    top_p: float = _help(1.0, "nucleus sampling; 0.9 is the quality setting")
-    seeds: tuple[int, ...] = _help((0,), "seeds; each builds its own keys and samples; reported as mean +- sd")
+    model: str = option("smollm2-135m", "model to watermark (hub id, local directory or packaged alias)")
+    methods: tuple[str, ...] = option(DEFAULT_METHODS, "methods to compare (see openstamp.methods.REGISTRY)")
+    corpus: str = option("news,wikipedia", "prompt corpora, comma-separated; windows are interleaved")
+    key_corpus: str = option("wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it")
+    n: int = option(200, "prompts (and watermarked samples) per method and seed")
+    prompt_tokens: int = option(50, "tokens of real text per prompt")
+    new_tokens: int = option(200, "tokens per completion (min = max new tokens) and per human continuation")
+    temperature: float = option(1.0, "sampling temperature")
+    top_p: float = option(1.0, "nucleus sampling; 0.9 is the quality setting")
+    seeds: tuple[int, ...] = option((0,), "seeds; each builds its own keys and samples; reported as mean +- sd")
     strengths: dict = field(default_factory=dict, metadata={"help": "method -> strength (default: the method's own)"})
-    sweep: bool = _help(False, "run each method over its strength grid for the Pareto plot")
+    sweep: bool = option(False, "run each method over its strength grid for the Pareto plot")
     grids: dict = field(default_factory=dict, metadata={"help": "method -> strength grid for the sweep"})
     method_settings: dict = field(default_factory=dict, metadata={"help": "method -> {config field: value}"})
-    oracle: str = _help("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
-    batch_size: int = _help(32, "generation batch")
-    score_batch_size: int = _help(16, "detection batch")
-    dtype: str = _help("float32", "model dtype")
-    device: str = _help("cpu", "cpu, cuda or auto")
+    oracle: str = option("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
+    batch_size: int = option(32, "generation batch")
+    score_batch_size: int = option(16, "detection batch")
+    dtype: str = option("float32", "model dtype")
+    device: str = option("cpu", "cpu, cuda or auto")
 
     def __post_init__(self) -> None:
-        _check(self.n >= 2 and self.prompt_tokens >= 1 and self.new_tokens >= 16, "need n >= 2, new_tokens >= 16")
-        _check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
-        _check(len(self.seeds) >= 1 and len(self.methods) >= 1, "need at least one seed and one method")
-        _check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
+        check(self.n >= 2 and self.prompt_tokens >= 1 and self.new_tokens >= 16, "need n >= 2, new_tokens >= 16")
+        check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
+        check(len(self.seeds) >= 1 and len(self.methods) >= 1, "need at least one seed and one method")
+        check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +31,6 @@ from openstamp.methods import REGISTRY, WatermarkMethod
 from openstamp.storage import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
-
-
-def option(default: Any, text: str) -> Any:
-    """A config field with help text."""
-    return field(default=default, metadata={"help": text})
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 @dataclass

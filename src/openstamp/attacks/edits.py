@@ -18,17 +18,16 @@ import numpy as np
 from openstamp.attacks.common import (
     attacked_metrics,
     cached_json,
-    check,
     config_dict,
     file_name,
     load_method,
     open_eval,
-    option,
     prepare_out,
     score_texts,
     select_runs,
 )
 from openstamp.attacks.report import compare_plot, compare_row, compare_summary, compare_table, negatives_note, publish
+from openstamp.config import check, option
 from openstamp.models import load_model
 from openstamp.patch import head
 from openstamp.text import never_green_ids

@@ -26,18 +26,17 @@ from openstamp.attacks.common import (
     attacked_metrics,
     by_method,
     cached_json,
-    check,
     config_dict,
     file_name,
     load_method,
     open_eval,
-    option,
     prepare_out,
     score_texts,
     select_runs,
     watermarked_copy,
 )
 from openstamp.attacks.report import fmt, md_table, negatives_note, new_figure, publish, save_figure
+from openstamp.config import check, option
 from openstamp.corpus import Document, load_documents, split_documents
 from openstamp.evaluation.pipeline import generate_set
 from openstamp.methods import REGISTRY

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from openstamp.attacks.common import check, config_dict, option, prepare_out
+from openstamp.attacks.common import config_dict, prepare_out
 from openstamp.attacks.report import fmt, md_table, new_figure, publish, save_figure
-from openstamp.config import EmbedConfig, load_profile
+from openstamp.config import EmbedConfig, check, load_profile, option
 from openstamp.corpus import Document, load_documents, split_documents
 from openstamp.hidden import States, collect_states
 from openstamp.models import load_model

@@ -26,12 +26,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.attacks.common import (
     attacked_metrics,
     cached_json,
-    check,
     config_dict,
     file_name,
     load_method,
     open_eval,
-    option,
     prepare_out,
     score_texts,
     select_runs,
@@ -47,6 +45,7 @@ from openstamp.attacks.report import (
     publish,
 )
 from openstamp.attacks.similarity import measure_quality, similarity_plot
+from openstamp.config import check, option
 from openstamp.models import load_model, load_tokenizer, model_device
 from openstamp.storage import atomic_write_json, atomic_write_text, read_json
 from openstamp.text import bos_prefix, encode

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,6 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from openstamp.text import bos_prefix, encode
-
-
-def option(default: Any, text: str) -> Any:
-    """A dataclass field with help text (shown by the CLI)."""
-    return field(default=default, metadata={"help": text})
 
 
 def method_secret(name: str, seed: int) -> bytes:

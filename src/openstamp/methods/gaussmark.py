@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from scipy.stats import norm
 
+from openstamp.config import option
 from openstamp.methods.base import MethodScore, WatermarkMethod, register
 from openstamp.methods.common import (
     keyed_normal,
     load_key,
     method_secret,
-    option,
     right_padded,
     save_key,
     scored_mask,

@@ -30,6 +30,7 @@ import torch
 from scipy.stats import binom
 from transformers import LogitsProcessor
 
+from openstamp.config import option
 from openstamp.hidden import final_hidden
 from openstamp.key.prf import green_threshold
 from openstamp.methods.base import MethodScore, WatermarkMethod, register
@@ -37,7 +38,6 @@ from openstamp.methods.common import (
     keyed_uint32,
     load_key,
     method_secret,
-    option,
     right_padded,
     save_key,
     scored_sequences,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from openstamp.config import DetectConfig, load_profile
+from openstamp.config import DetectConfig, load_profile, option
 from openstamp.detect import Detector
 from openstamp.hidden import States, collect_states
 from openstamp.key.key import WatermarkKey
@@ -16,18 +16,14 @@ from openstamp.patch import apply_watermark, head, is_tied, revert_watermark
 from openstamp.watermark import build_key, record_model
 
 
-def _help(default, text):
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass(frozen=True, kw_only=True)
 class OpenStampConfig:
-    delta: float = _help(1.0, "logit boost of a green token under a one-hot selector (the swept strength)")
-    gamma: float = _help(0.25, "fraction of the vocabulary in each of the L green lists")
-    n_lists: int = _help(254, "L, k-means clusters / green lists")
-    projection: bool = _help(True, "train P on sentence embeddings; False is the paper's 'w/o sem-align'")
-    profile: str = _help("default", "embedding profile for states, P and S")
-    min_tokens: int = _help(16, "texts with fewer scored tokens get no score")
+    delta: float = option(1.0, "logit boost of a green token under a one-hot selector (the swept strength)")
+    gamma: float = option(0.25, "fraction of the vocabulary in each of the L green lists")
+    n_lists: int = option(254, "L, k-means clusters / green lists")
+    projection: bool = option(True, "train P on sentence embeddings; False is the paper's 'w/o sem-align'")
+    profile: str = option("default", "embedding profile for states, P and S")
+    min_tokens: int = option(16, "texts with fewer scored tokens get no score")
 
 
 _STATES: dict[tuple, States] = {}  # the last sampled states: both OpenStamp variants share them
@@ -94,7 +90,7 @@ class OpenStamp(WatermarkMethod):
 
 @dataclass(frozen=True, kw_only=True)
 class OpenStampNoSemConfig(OpenStampConfig):
-    projection: bool = _help(False, "P = I: the paper's 'w/o sem-align' ablation")
+    projection: bool = option(False, "P = I: the paper's 'w/o sem-align' ablation")
 
 
 @register

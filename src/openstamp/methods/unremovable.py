@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 from scipy.stats import norm
 
+from openstamp.config import option
 from openstamp.methods.base import MethodScore, WatermarkMethod, register
-from openstamp.methods.common import keyed_normal, load_key, method_secret, option, save_key, scored_sequences
+from openstamp.methods.common import keyed_normal, load_key, method_secret, save_key, scored_sequences
 from openstamp.patch import head
 from openstamp.text import never_green_ids
 
