@@ -95,8 +95,47 @@ def embed_stages(r: dict) -> list[str]:
     return rows
 
 
+def selector_variants(r: dict) -> list[str]:
+    rows = [
+        f"Selector variants (`python benchmarks/selector_variants.py`, {r['n_states']} {r['corpus']} states, "
+        f"L {r['n_lists']}): argmax accuracy of S",
+        "",
+        "| variant | train | held-out documents | lists kept |",
+        "|---|---:|---:|---:|",
+    ]
+    rows += [
+        f"| {name} | {v['train_accuracy']:.3f} | {v['heldout_accuracy']:.3f} | {v['n_lists']} |"
+        for name, v in r["variants"].items()
+    ]
+    return rows
+
+
+def serve_load(r: dict) -> list[str]:
+    rows = [
+        f"Service load (`python benchmarks/serve_load.py`, loopback, {r['clients']} clients for {r['duration_s']} s, "
+        f"texts of {r['text_tokens']} tokens):",
+        "",
+        "| server | texts/s | tokens/s | p50 latency (s) | p99 latency (s) | errors | peak RSS (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in ("batched", "max_batch_1"):
+        v = r[name]
+        rows.append(
+            f"| max batch {v['max_batch']} | {v['texts_per_second']:.2f} | {v['tokens_per_second']:.0f} | "
+            f"{v['latency_p50_s']:.2f} | {v['latency_p99_s']:.2f} | {v['errors']} | "
+            f"{v['server_memory_mb']['VmHWM']:.0f} |"
+        )
+    rows += ["", f"Micro-batching gain (same run): {r['batching_gain']:.2f}x throughput."]
+    return rows
+
+
 def main() -> None:
-    sections = [("embed_stages", embed_stages), ("detect_speed", detect_speed), ("detect_quality", detect_quality)]
+    sections = [
+        ("embed_stages", embed_stages),
+        ("selector_variants", selector_variants),
+        ("detect_speed", detect_speed),
+        ("detect_quality", detect_quality),
+    ]
     out: list[str] = []
     for name, render in sections:
         result = load(name)
@@ -105,6 +144,9 @@ def main() -> None:
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]
+    result = load("serve_load")
+    if result is not None:
+        out += serve_load(result) + [""]
     print("\n".join(out))
 
 
