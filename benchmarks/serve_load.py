@@ -38,7 +38,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(args, max_batch: int, token: str, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(
+    args, max_batch: int, token: str, log: Path, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """Start `openstamp serve` on 127.0.0.1 (``extra``: more CLI options); wait for /healthz."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -57,6 +60,7 @@ def start_server(args, max_batch: int, token: str, log: Path) -> tuple[subproces
         str(max_batch),
         "--max-wait-ms",
         str(args.max_wait_ms),
+        *extra,
     ]
     env = {**os.environ, "OPENSTAMP_API_KEYS": token}
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
