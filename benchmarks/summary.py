@@ -1,14 +1,19 @@
 """Print the results in benchmarks/results/*.json as the Markdown that the README shows.
 
-python benchmarks/summary.py
+python benchmarks/summary.py            # print it
+python benchmarks/summary.py --readme   # and write it into README.md, between the results markers
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+README = Path(__file__).parent.parent / "README.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def load(name: str) -> dict | None:
@@ -129,7 +134,42 @@ def serve_load(r: dict) -> list[str]:
     return rows
 
 
-def main() -> None:
+def serve_bad_inputs(r: dict) -> list[str]:
+    from collections import Counter
+
+    counts = Counter(q["status"] for q in r["requests"])
+    alive = all(q["server_alive_after"] for q in r["requests"])
+    echoed = any(q["text_echoed"] for q in r["requests"])
+    return [
+        f"Bad input against a real server (`python benchmarks/serve_bad_inputs.py`): {len(r['requests'])} requests "
+        "(no or wrong API key, broken or non-UTF-8 JSON, wrong types, oversize bodies, texts and token counts, "
+        "empty and too-short texts) got "
+        + ", ".join(f"{n} x {status}" for status, n in sorted(counts.items()))
+        + f"; {r['server_errors_5xx']} server errors. /healthz answered after every request: "
+        f"{'yes' if alive else 'NO'}. Submitted text echoed back: {'YES' if echoed else 'no'}; "
+        f"in the server log: {'YES' if r['texts_in_server_log'] else 'no'}. "
+        "The per-request table is in `benchmarks/results/serve_bad_inputs.json`.",
+    ]
+
+
+def evaluation(r: dict) -> list[str]:
+    from openstamp.evaluation.report import reference_table, summary_table
+
+    cfg = r["config"]
+    return [
+        f"The paper's comparison (`bash benchmarks/reference_runs.sh eval`, i.e. `openstamp eval`): {cfg['n']} "
+        f"prompts of {cfg['prompt_tokens']} tokens (held-out {cfg['corpus']}), {cfg['new_tokens']} new tokens, "
+        f"temperature {cfg['temperature']}, top-p {cfg['top_p']}, seed {', '.join(map(str, cfg['seeds']))}; "
+        f"negatives are the human continuations; perplexity under `{cfg['oracle']}`. Full report with plots and "
+        "every attack: [`benchmarks/results/eval/report.md`](benchmarks/results/eval/report.md).",
+        "",
+        *summary_table(r),
+        "",
+        *reference_table(r),
+    ]
+
+
+def render() -> str:
     sections = [
         ("embed_stages", embed_stages),
         ("selector_variants", selector_variants),
@@ -141,13 +181,40 @@ def main() -> None:
         result = load(name)
         if result is not None:
             out += render(result) + [""]
+    ev = RESULTS / "eval" / "results.json"
+    if ev.exists():
+        out += evaluation(json.loads(ev.read_text())) + [""]
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]
-    result = load("serve_load")
-    if result is not None:
-        out += serve_load(result) + [""]
-    print("\n".join(out))
+    for name, render_section in (("serve_load", serve_load), ("serve_bad_inputs", serve_bad_inputs)):
+        result = load(name)
+        if result is not None:
+            out += render_section(result) + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_readme(text: str) -> None:
+    """Replace what stands between the results markers in README.md (atomically)."""
+    readme = README.read_text(encoding="utf-8")
+    if readme.count(START) != 1 or readme.count(END) != 1:
+        raise SystemExit(f"README.md needs exactly one {START} and one {END}")
+    head, rest = readme.split(START)
+    tail = rest.split(END)[1]
+    tmp = README.with_name(".README.md.tmp")
+    tmp.write_text(f"{head}{START}\n{text}{END}{tail}", encoding="utf-8")
+    os.replace(tmp, README)
+    print(f"wrote the results into {README}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readme", action="store_true", help="also write the results into README.md")
+    args = parser.parse_args()
+    text = render()
+    print(text)
+    if args.readme:
+        write_readme(text)
 
 
 if __name__ == "__main__":

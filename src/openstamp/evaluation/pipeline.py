@@ -22,7 +22,7 @@ from pathlib import Path
 
 from openstamp.config import EvalConfig
 from openstamp.corpus import load_documents, split_documents
-from openstamp.evaluation.results import collect_results
+from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY, WatermarkMethod
 from openstamp.models import load_model
@@ -180,11 +180,6 @@ def generate_set(out, name, model, tokenizer, prompts, cfg, seed, processor, pro
             atomic_write_json(path, ids)
         completions.extend(read_json(path, "generation batch"))
     return completions
-
-
-def load_generations(out: Path, name: str) -> list[list[int]]:
-    files = sorted((out / "generations" / name).glob("b*.json"))
-    return [ids for f in files for ids in read_json(f, "generation batch")]
 
 
 def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) -> None:

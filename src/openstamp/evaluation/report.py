@@ -73,7 +73,7 @@ def reference_table(results: dict) -> list[str]:
 def ci_table(results: dict) -> list[str]:
     rows = [
         "| run | PPL mean [95% CI] | PPL median [95% CI] | PPL ratio of means | flagged at p<=0.01 "
-        "(watermarked / human) |",
+        "(watermarked / human / unwatermarked) |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
@@ -83,7 +83,10 @@ def ci_table(results: dict) -> list[str]:
         flagged = (
             "-"
             if "flagged_at_p_0.01" not in m
-            else (f"{m['flagged_at_p_0.01']:.3f} / {m['human_flagged_at_p_0.01']:.3f}")
+            else " / ".join(
+                "-" if m.get(k) is None else f"{m[k]:.3f}"
+                for k in ("flagged_at_p_0.01", "human_flagged_at_p_0.01", "unwatermarked_flagged_at_p_0.01")
+            )
         )
         rows.append(
             f"| {r['run']} | {m['ppl_mean']:.1f} [{m['ppl_mean_ci'][0]:.1f}, {m['ppl_mean_ci'][1]:.1f}] | "

@@ -30,6 +30,12 @@ def _name(s: str) -> str:
     return s.replace("/", "_")
 
 
+def load_generations(out: Path, name: str) -> list[list[int]]:
+    """The completions of a generation set, from its per-batch files under ``out/generations/``."""
+    files = sorted((out / "generations" / name).glob("b*.json"))
+    return [ids for f in files for ids in read_json(f, "generation batch")]
+
+
 def _scores(records: list[dict], missing: float) -> np.ndarray:
     return np.array([missing if r["score"] is None else r["score"] for r in records], dtype=np.float64)
 
@@ -48,9 +54,10 @@ def detection_metrics(scores: dict) -> dict:
     p_values = [r["p_value"] for r in scores["watermarked"]]
     if all(p is not None for p in p_values):
         out["flagged_at_p_0.01"] = float(np.mean(np.array(p_values) <= 0.01))
-        out["human_flagged_at_p_0.01"] = float(
-            np.mean([r["p_value"] <= 0.01 for r in scores["human"] if r["p_value"] is not None])
-        )
+        for negatives in ("human", "unwatermarked"):  # the false-positive rate of the p-value's decision
+            out[f"{negatives}_flagged_at_p_0.01"] = float(
+                np.mean([r["p_value"] <= 0.01 for r in scores[negatives] if r["p_value"] is not None])
+            )
     return out
 
 
@@ -82,7 +89,6 @@ def _mean_sd(values: list[float]) -> dict:
 
 
 def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict]) -> dict:
-    from openstamp.evaluation.pipeline import load_generations
     from openstamp.watermark import versions
 
     def ppl_of(name):
@@ -128,7 +134,6 @@ def write_samples(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[di
     """One line per (seed, prompt): the texts and every score, for inspection."""
     from transformers import AutoTokenizer
 
-    from openstamp.evaluation.pipeline import load_generations
     from openstamp.models import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The evaluation and attack runs behind benchmarks/results/eval/ (the paper's Table 1, Figure 2 and
+# robustness section on the packaged SmolLM2-135M), at the scale a 2-core CPU allows.
+#
+#   bash benchmarks/reference_runs.sh                 # every stage, in order (about 4 hours here)
+#   bash benchmarks/reference_runs.sh edit quantize   # chosen stages (the eval stage must have run)
+#
+# Every command resumes where it stopped when run again. Logs go to runs/logs/<stage>.log; the
+# eval run's report (with each attack's section), its plots and every results.json are copied to
+# benchmarks/results/eval/ at the end of each stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OPENSTAMP=${OPENSTAMP:-.venv/bin/openstamp}
+EVAL=runs/eval
+KEEP=benchmarks/results/eval
+mkdir -p runs/logs
+
+eval_run() {
+  # news alone holds 127 prompt windows of 50+200 tokens, so the prompts mix news and wikipedia (the default)
+  $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr \
+    --n 200 --out $EVAL
+}
+edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
+quantize() { $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --out runs/quant; }
+reinit() {
+  # the release that `openstamp demo` writes (default profile, delta 1)
+  [ -f runs/demo/model/config.json ] || $OPENSTAMP demo --quiet
+  $OPENSTAMP attack reinit-head --model runs/demo/model --corpus wikipedia --steps 500 --every 100 \
+    --eval $EVAL --out runs/reinit
+}
+inversion() { $OPENSTAMP attack selector-inversion --eval $EVAL --out runs/inversion; }
+finetune() {
+  $OPENSTAMP attack finetune --eval $EVAL --corpus wikipedia --steps 200 --every 50 --n 32 --out runs/ft
+}
+paraphrase() {
+  bash scripts/install_assets.sh qwen15  # the paraphraser is not among the default assets
+  $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-1.5b --n 16 --out runs/para
+}
+
+keep() {
+  mkdir -p $KEEP/attacks
+  cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/
+  if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
+  for dir in runs/edit runs/quant runs/reinit runs/inversion runs/ft runs/para; do
+    if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
+  done
+}
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(eval edit quantize reinit inversion finetune paraphrase)
+for stage in "${stages[@]}"; do
+  fn=$stage
+  [ "$stage" = eval ] && fn=eval_run
+  echo "[reference] $stage: log in runs/logs/$stage.log"
+  start=$(date +%s)
+  $fn > "runs/logs/$stage.log" 2>&1
+  echo "[reference] $stage: $(( ($(date +%s) - start) / 60 )) min"
+  keep
+done
