@@ -93,6 +93,8 @@ def embed_stages(r: dict) -> list[str]:
     g = r["generation"]
     rows += [
         "",
+        f"Loading the converted packaged model from the cache: {r['cached_model_load_s']:.2f} s.",
+        "",
         f"Generation, batch {g['batch']} x {g['new_tokens']} tokens: original "
         f"{g['tokens_per_second']['original']:.1f} tok/s, watermarked {g['tokens_per_second']['watermarked']:.1f}"
         f" tok/s, ratio {g['ratio_watermarked_to_original']:.3f}.",

@@ -25,6 +25,17 @@ TIED_WARNING = (
 )
 
 
+_warned_tied = False
+
+
+def _warn_tied_once() -> None:
+    """Log the tied-head warning once per process (attacks and sweeps patch many copies of one model)."""
+    global _warned_tied
+    if not _warned_tied:
+        _warned_tied = True
+        log.warning(TIED_WARNING)
+
+
 @dataclass
 class PatchState:
     """What ``apply_watermark`` changed, so ``revert_watermark`` can undo it exactly."""
@@ -99,7 +110,7 @@ def apply_watermark(model: PreTrainedModel, key: WatermarkKey) -> PatchState:
         raise ValueError("this model already carries this OpenStamp watermark; revert it first")
     was_tied = untie(model)
     if was_tied:
-        log.warning(TIED_WARNING)
+        _warn_tied_once()
     weight = head(model).weight
     state = PatchState(original=weight.detach().clone(), was_tied=was_tied)
     delta = key.delta_w().to(weight.device)
