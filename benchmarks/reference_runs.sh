@@ -22,6 +22,11 @@ eval_run() {
 }
 edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
 quantize() { $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --out runs/quant; }
+quantize_head() {
+  # lm_head quantized too (transformers leaves it in full precision): the attack that reaches OpenStamp's offset
+  $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --include-head --n 64 \
+    --methods openstamp,openstamp-nosem,unremovable --out runs/quant-head
+}
 reinit() {
   # the release that `openstamp demo` writes (default profile, delta 1)
   [ -f runs/demo/model/config.json ] || $OPENSTAMP demo --quiet
@@ -41,13 +46,13 @@ keep() {
   mkdir -p $KEEP/attacks
   cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
-  for dir in runs/edit runs/quant runs/reinit runs/inversion runs/ft runs/para; do
+  for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/para; do
     if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
   done
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval edit quantize reinit inversion finetune paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval edit quantize quantize_head reinit inversion finetune paraphrase)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run

@@ -171,6 +171,60 @@ def evaluation(r: dict) -> list[str]:
     ]
 
 
+def robustness(folder: Path) -> list[str]:
+    """TPR@1%FPR of every method after each attack (one table), then the head re-training and S inversion."""
+    attack = {f.stem: json.loads(f.read_text()) for f in sorted((folder / "attacks").glob("*.json"))}
+    if not attack:
+        return []
+    tpr = lambda s, key="tpr_at_1pct_fpr": s[key]["mean"]  # noqa: E731
+    columns: list[tuple[str, dict]] = []
+    if "edit" in attack:
+        e = attack["edit"]["settings"]
+        columns.append(("none", {s["method"]: tpr(s, "tpr_at_1pct_fpr_before") for s in attack["edit"]["summary"]}))
+        label = f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted tokens"
+        columns.append((label, {s["method"]: tpr(s, "tpr_at_1pct_fpr_after") for s in attack["edit"]["summary"]}))
+    for name, suffix in (("quant", ""), ("quant-head", " incl. lm_head")):
+        for scheme in attack.get(name, {}).get("settings", {}).get("schemes", []):
+            values = {s["method"]: tpr(s) for s in attack[name]["summary"] if s["scheme"] == scheme}
+            columns.append((f"{scheme.upper()}{suffix}", values))
+    if "para" in attack:
+        para = attack["para"]
+        label = f"paraphrased ({para['settings']['paraphraser']})"
+        columns.append((label, {s["method"]: tpr(s, "tpr_at_1pct_fpr_after") for s in para["summary"]}))
+    if "ft" in attack:
+        ft = attack["ft"]
+        last = max(s["step"] for s in ft["summary"])
+        label = f"{ft['settings']['mode']} fine-tuning, {last} steps"
+        columns.append((label, {s["method"]: tpr(s) for s in ft["summary"] if s["step"] == last}))
+    methods = list(columns[0][1]) if columns else []
+    rows = [
+        "Robustness (`bash benchmarks/reference_runs.sh`): TPR@1%FPR against the eval's human continuations after "
+        "each attack; '-' where an attack does not apply (fine-tuning leaves decode-time KGW alone).",
+        "",
+        "| method | " + " | ".join(name for name, _ in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for m in methods:
+        cells = ["-" if values.get(m) is None else f"{values[m]:.3f}" for _, values in columns]
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    if "reinit" in attack:
+        r = attack["reinit"]
+        last = r["history"][-1]
+        rows += [
+            "",
+            f"Re-initialising lm_head and retraining only it ({last['step']} steps, {last['tokens']:,} tokens): "
+            f"held-out perplexity {r['baseline_ppl']:.1f} with the watermarked head, "
+            f"{r['history'][0]['ppl']:,.0f} right after re-initialisation, {last['ppl']:.1f} after training.",
+        ]
+    if "inversion" in attack:
+        conditions = "; ".join(
+            f"{c['condition'].lower()}: ARI {c['ari']:.2f}, NMI {c['nmi']:.2f}"
+            for c in attack["inversion"]["conditions"]
+        )
+        rows += ["", f"Rebuilding the selector S without the owner's corpus or seed: {conditions}."]
+    return rows
+
+
 def render() -> str:
     sections = [
         ("embed_stages", embed_stages),
@@ -186,6 +240,7 @@ def render() -> str:
     ev = RESULTS / "eval" / "results.json"
     if ev.exists():
         out += evaluation(json.loads(ev.read_text())) + [""]
+        out += robustness(ev.parent) + [""]
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]
