@@ -168,7 +168,21 @@ def evaluation(r: dict) -> list[str]:
         *summary_table(r),
         "",
         *reference_table(r),
+        *_flagged(r),
     ]
+
+
+def _flagged(r: dict) -> list[str]:
+    """How often each detector's p-value flags text its watermark did not write, at p <= 0.01."""
+    cells = []
+    for run in r["runs"]:
+        m = run["metrics"]
+        if m.get("human_flagged_at_p_0.01") is not None:
+            unwm = m.get("unwatermarked_flagged_at_p_0.01")
+            cells.append(f"{run['run']} {m['human_flagged_at_p_0.01']:.1%} / {'-' if unwm is None else f'{unwm:.1%}'}")
+    if not cells:
+        return []
+    return ["", "Flagged at p <= 0.01 (human continuations / unwatermarked completions): " + "; ".join(cells) + "."]
 
 
 def robustness(folder: Path) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import shlex
+import sys
 from pathlib import Path
 
 import typer
@@ -39,6 +41,7 @@ def calibrate(
     from openstamp.detect import Detector
     from openstamp.detect.calibrate import calibration_record, qq_plot, reference_texts, store_calibration
     from openstamp.storage import atomic_write_json
+    from openstamp.watermark import versions
 
     setup_logging(quiet)
     alphas = [float(a) for a in fpr.split(",")]
@@ -53,6 +56,10 @@ def calibrate(
         "part": "heldout",
         "length": length,
         "model": model,
+        "key_id": detector.key.key_id,
+        "n_permutations": config.n_permutations,
+        "command": shlex.join(["openstamp", *sys.argv[1:]]),
+        "versions": versions(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     record, p_values = calibration_record(results, alphas, reference)
