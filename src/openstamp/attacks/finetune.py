@@ -219,9 +219,13 @@ def run_finetune(eval_dir: Path, out: Path, cfg: FinetuneConfig, progress: bool 
                     "tokens": step * cfg.tokens_per_step,
                     "train_loss": losses.get(str(step)),
                     **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr")},
+                    # TPR saturates at small scale; the mean score shows how much signal is left
+                    "mean_score": float(np.mean([s["score"] for s in scores if s["score"] is not None])),
                 }
             )
-    summary = by_method(rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "train_loss"), extra=("step",))
+    summary = by_method(
+        rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score", "train_loss"), extra=("step",)
+    )
     plot = _durability_plot(summary, cfg, out / "finetune_tpr.png")
     body = _section(ev, cfg, n, summary, skipped, windows)
     results = {
@@ -309,6 +313,11 @@ def _section(ev, cfg: FinetuneConfig, n: int, summary: list[dict], skipped: list
         "AUROC:",
         "",
         *_step_table(summary, steps, "auroc"),
+        "",
+        "Mean detector score of the completions (each method's own statistic: mean LLR for OpenStamp, z-score for "
+        "Unremovable and GaussMark):",
+        "",
+        *_step_table(summary, steps, "mean_score"),
     ]
     if skipped:
         lines += [
