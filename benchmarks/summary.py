@@ -203,17 +203,18 @@ def robustness(folder: Path) -> list[str]:
             columns.append((f"{scheme.upper()}{suffix}", values))
     if "para" in attack:
         para = attack["para"]
-        label = f"paraphrased ({para['settings']['paraphraser']})"
+        label = f"paraphrased ({para['settings']['paraphraser']}, n {para['settings']['n']})"
         columns.append((label, {s["method"]: tpr(s, "tpr_at_1pct_fpr_after") for s in para["summary"]}))
     if "ft" in attack:
         ft = attack["ft"]
         last = max(s["step"] for s in ft["summary"])
-        label = f"{ft['settings']['mode']} fine-tuning, {last} steps"
+        label = f"{ft['settings']['mode']} fine-tuning, {last} steps (n {ft['n']})"
         columns.append((label, {s["method"]: tpr(s) for s in ft["summary"] if s["step"] == last}))
     methods = list(columns[0][1]) if columns else []
     rows = [
         "Robustness (`bash benchmarks/reference_runs.sh`): TPR@1%FPR against the eval's human continuations after "
-        "each attack; '-' where an attack does not apply (fine-tuning leaves decode-time KGW alone).",
+        "each attack; '-' where an attack was not run (fine-tuning does not apply to decode-time KGW; the "
+        "paraphrase run left out KGW+LLR for time).",
         "",
         "| method | " + " | ".join(name for name, _ in columns) + " |",
         "|---|" + "---:|" * len(columns),
