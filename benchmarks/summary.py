@@ -190,7 +190,10 @@ def robustness(folder: Path) -> list[str]:
     attack = {f.stem: json.loads(f.read_text()) for f in sorted((folder / "attacks").glob("*.json"))}
     if not attack:
         return []
-    tpr = lambda s, key="tpr_at_1pct_fpr": s[key]["mean"]  # noqa: E731
+
+    def tpr(s: dict, key: str = "tpr_at_1pct_fpr") -> float | None:
+        return s[key]["mean"]
+
     columns: list[tuple[str, dict]] = []
     if "edit" in attack:
         e = attack["edit"]["settings"]

@@ -6,6 +6,7 @@ One of the few modules that touch a ``PreTrainedModel``. Tied weights are checke
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -25,15 +26,10 @@ TIED_WARNING = (
 )
 
 
-_warned_tied = False
-
-
+@functools.cache
 def _warn_tied_once() -> None:
     """Log the tied-head warning once per process (attacks and sweeps patch many copies of one model)."""
-    global _warned_tied
-    if not _warned_tied:
-        _warned_tied = True
-        log.warning(TIED_WARNING)
+    log.warning(TIED_WARNING)
 
 
 @dataclass
