@@ -81,7 +81,9 @@ def calibration(r: dict) -> list[str]:
 
 def embed_stages(r: dict) -> list[str]:
     rows = [
-        f"Embedding (`python benchmarks/embed_stages.py`, profile {r['profile']}, {r['n_states']} states):",
+        f"Embedding (`python benchmarks/embed_stages.py"
+        f"{' --skip-embed`: stage timings recorded in the reused key' if r['embed_total_s'] is None else '`'}"
+        f", profile {r['profile']}, {r['n_states']} states):",
         "",
         "| stage | seconds | peak RSS (MB) |",
         "|---|---:|---:|",
