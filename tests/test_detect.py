@@ -88,7 +88,7 @@ def test_original_model_plus_key_gives_the_same_scores(setup):
     on_base = Detector(setup["base"], setup["tok"], setup["key"]).detect(setup["wm"][:4])
     for a, b in zip(on_release, on_base, strict=True):
         assert math.isclose(a.score, b.score, rel_tol=1e-4, abs_tol=1e-5)
-        assert a.p_value == b.p_value
+        assert math.isclose(a.p_value, b.p_value, rel_tol=1e-3)
 
 
 def test_left_and_right_padding_and_batching_give_identical_scores(setup):

@@ -192,7 +192,12 @@ class DetectConfig:
     batch_size: int = option(16, "texts per forward pass")
     chunk_tokens: int = option(512, "tokens per head computation")
     vocab_block: int = option(2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block")
-    centring_top_k: int = option(32, "original-model tokens whose green membership centres the permutation statistic")
+    centring_top_k: int | None = option(
+        None, "None: centre the statistic with the exact green mass over the whole vocabulary; k: top-k estimate"
+    )
+    tail_bound: bool = option(
+        True, "below the permutation floor 1/(K+1), report the Chernoff tail bound over random keys (down to 1e-12)"
+    )
     padding_side: str = option("right", "right or left; scores do not depend on it")
     check_key: bool = option(True, "refuse a key whose recorded lm_head fingerprint does not match the model")
 
@@ -208,7 +213,7 @@ class DetectConfig:
             min(self.batch_size, self.chunk_tokens, self.vocab_block) >= 1,
             "batch and block sizes must be >= 1",
         )
-        check(self.centring_top_k >= 1, "centring_top_k must be >= 1")
+        check(self.centring_top_k is None or self.centring_top_k >= 1, "centring_top_k must be None or >= 1")
         check(self.padding_side in ("left", "right"), "padding_side must be left or right")
         check(
             not (self.p_values and self.n_permutations < 1 / self.alpha - 1),

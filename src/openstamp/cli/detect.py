@@ -75,6 +75,11 @@ def detect(
     fpr: float = typer.Option(0.01, help="false-positive rate of the decision"),
     threshold: float | None = typer.Option(None, help="flag when the mean LLR exceeds this instead"),
     calibrated: bool = typer.Option(False, help="flag with the key's calibrated LLR threshold for --fpr"),
+    rule: str = typer.Option(
+        "pvalue",
+        help="pvalue: flag when p <= --fpr (permutation test, refined below its floor by the tail bound); "
+        "llr: the paper's rule, mean LLR above the key's calibrated threshold for --fpr (or --threshold)",
+    ),
     token_scores: bool = typer.Option(False, help="include per-token LLR scores"),
     html: Path | None = typer.Option(None, help="write per-token evidence as an HTML page"),
     min_tokens: int = typer.Option(16, help="shorter texts are reported as too short"),
@@ -94,13 +99,18 @@ def detect(
     from openstamp.storage import atomic_write_text
 
     setup_logging(quiet=True)
+    if rule not in ("pvalue", "llr"):
+        raise ValueError(f"--rule {rule!r}: choose pvalue or llr")
+    if rule == "pvalue" and (threshold is not None or calibrated):
+        rule = "llr"  # --threshold and --calibrated have always meant the LLR rule
+    calibrated = calibrated or (rule == "llr" and threshold is None)
     if server is not None:
         local = {
             "--model": model,
             "--key": key,
             "--fpr": fpr != 0.01,
             "--threshold": threshold,
-            "--calibrated": calibrated,
+            "--calibrated / --rule llr": calibrated,
             "--min-tokens": min_tokens != 16,
             "--no-p-values": not p_values,
             "--permutations": permutations != 999,

@@ -18,6 +18,7 @@ from openstamp.config import DetectConfig
 from openstamp.detect.calibrate import calibrated_threshold
 from openstamp.detect.llr import TokenStats, permutation_pvalue, token_stats
 from openstamp.detect.result import DetectionResult
+from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
 from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
@@ -26,6 +27,7 @@ from openstamp.patch import check_key, head
 from openstamp.text import bos_prefix
 
 PERMUTATION_TEST = "permutation test of the centred LLR over list assignments (K={k})"
+TAIL_TEST = PERMUTATION_TEST + "; below 1/(K+1): Chernoff bound over random keys"
 
 
 @dataclass
@@ -124,9 +126,10 @@ class Detector:
         bar = tqdm(total=len(todo), desc="detecting", unit="text", disable=not progress)
         for b in range(0, len(todo), self.config.batch_size):
             batch = todo[b : b + self.config.batch_size]
-            stats, spans = self._score_batch([items[i] for i in batch])
+            stats, spans, hidden, targets = self._score_batch([items[i] for i in batch])
             for i, span in zip(batch, spans, strict=True):
                 results[i] = self._result(items[i], stats, span, token_scores)
+                self._refine_tail(results[i], stats, span, hidden[span], targets[span])
             bar.update(len(batch))
         bar.close()
         return results  # type: ignore[return-value]
@@ -166,8 +169,8 @@ class Detector:
         return _Item(context, ids, offsets, source, truncated)
 
     @torch.inference_mode()
-    def _score_batch(self, items: list[_Item]) -> tuple[TokenStats, list[slice]]:
-        """One forward pass for the batch; statistics for every scored token."""
+    def _score_batch(self, items: list[_Item]) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
+        """One forward pass for the batch; statistics, hidden states and targets of every scored token."""
         seqs = [it.context + it.text for it in items]
         width = max(len(s) for s in seqs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -190,9 +193,10 @@ class Detector:
             cols.append(idx - 1)  # the hidden state before a token predicts it
             targets.extend(seqs[i][first:])
         h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
+        targets = torch.tensor(targets, device=self.device)
         stats = token_stats(
             h,
-            torch.tensor(targets, device=self.device),
+            targets,
             self.weight,
             self.key,
             bias=self.bias,
@@ -202,7 +206,29 @@ class Detector:
             block=self.config.vocab_block,
             top_k=self.config.centring_top_k,
         )
-        return _to_cpu(stats), spans
+        return _to_cpu(stats), spans, h, targets
+
+    def _refine_tail(self, result: DetectionResult, stats: TokenStats, span: slice, hidden, targets) -> None:
+        """Below the permutation floor, bound the p-value with the Chernoff tail over random keys."""
+        floor = 1.0 / (self.config.n_permutations + 1)
+        if result.p_value is None or not self.config.tail_bound or result.p_value > floor:
+            return
+        terms = tail_terms(
+            hidden,
+            targets,
+            self.weight,
+            self.key,
+            stats.selector[span],
+            stats.lse_orig[span],
+            float(stats.centred[span].double().sum()),
+            bias=self.bias,
+            head_is_watermarked=self.head_is_watermarked,
+            block=self.config.vocab_block,
+        )
+        p_tail = chernoff_pvalue(terms, self.key.delta, self.key.gamma)
+        result.detectors["tail_p"] = p_tail
+        result.p_value = combined_pvalue(result.p_value, self.config.n_permutations, p_tail)
+        result.test = TAIL_TEST.format(k=self.config.n_permutations)
 
     def _result(self, item: _Item, stats: TokenStats, span: slice, token_scores: bool) -> DetectionResult:
         llr = stats.llr[span]
@@ -218,7 +244,7 @@ class Detector:
             statistic, p_value, z = permutation_pvalue(
                 stats.selector[span], stats.residual[span], self.perms, self.key.delta
             )
-            detectors.update(centred_llr=statistic / n, permutation_z=z)
+            detectors.update(centred_llr=statistic / n, permutation_z=z, permutation_p=p_value)
             test = PERMUTATION_TEST.format(k=len(self.perms))
         score = detectors["llr"]
         if self.threshold is not None:

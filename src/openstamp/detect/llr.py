@@ -5,11 +5,13 @@ the watermarked logits are ``U~ h`` and the original logits ``U~ h - w``. For ea
 token x:
 
 * ``llr``       log p_wm(x) - log p_orig(x) = w_x - lse(z_wm) + lse(z_orig)   (paper eq. 3)
-* ``centred``   delta * s . (G[x] - m): the watermark logit of x minus an estimate m of its
-                expectation under the original model (m_l = green mass of list l: exact over
-                the original model's top-k tokens, gamma times the rest). It is the statistic
-                of the permutation test, which stays exact for any such m because m does not
-                depend on G's column order.
+* ``centred``   delta * s . (G[x] - m): the watermark logit of x minus its expectation under
+                the original model, m_l = sum_v p_orig(v) G[v, l] (the green mass of list l,
+                exact over the whole vocabulary, accumulated block by block like the
+                log-sum-exp). On text sampled from the original model each token's term has
+                mean zero for any fixed key. It is the statistic of the permutation test and
+                of the tail bound in ``tail.py``. ``top_k`` restores the older, cheaper estimate
+                (exact over the top-k tokens, gamma times the rest).
 * ``discrete``  the LLR with the argmax list only: delta*G[x,l] - log(1 + (e^delta - 1) p_orig(G_l))
 * ``green``     x is in the argmax list (the binomial detector's indicator)
 
@@ -33,7 +35,8 @@ class TokenStats:
     """Statistics of N scored tokens (flat over texts).
 
     llr, centred, discrete: fp32 (N,); green: bool (N,); selected: long (N,);
-    selector: fp32 (N, L) s; residual: fp32 (N, L) G[x] - m (None without ``with_null``).
+    selector: fp32 (N, L) s; residual: fp32 (N, L) G[x] - m (None without ``with_null``);
+    lse_orig: fp32 (N,) log-sum-exp of the original logits (the tail bound re-uses it).
     """
 
     llr: torch.Tensor
@@ -43,6 +46,10 @@ class TokenStats:
     selected: torch.Tensor
     selector: torch.Tensor
     residual: torch.Tensor | None
+    lse_orig: torch.Tensor | None = None
+
+
+FIELDS = ("llr", "centred", "discrete", "green", "selected", "selector", "lse_orig")
 
 
 def token_stats(
@@ -54,7 +61,7 @@ def token_stats(
     bias: torch.Tensor | None = None,
     head_is_watermarked: bool = True,
     with_null: bool = True,
-    top_k: int = 32,
+    top_k: int | None = None,
     chunk: int = 512,
     block: int = 2048,
 ) -> TokenStats:
@@ -66,7 +73,8 @@ def token_stats(
         weight: (V, d) the model's lm_head weight, U~ (or U if ``head_is_watermarked`` is False).
         bias: optional (V,) lm_head bias (unchanged by the watermark).
         with_null: also compute the centred score and its permutation ingredients.
-        top_k: original-model tokens whose green membership enters m exactly.
+        top_k: None for the exact m over the whole vocabulary; k for the estimate that is exact
+            over the original model's top-k tokens and takes gamma for the rest.
         chunk: tokens per pass; block: vocabulary rows per block.
     """
     green = key.green_float.to(hidden.device)  # (V, L)
@@ -90,10 +98,9 @@ def token_stats(
     if not parts:
         L, empty = key.n_lists, torch.empty(0)
         residual = torch.empty(0, L) if with_null else None
-        return TokenStats(empty, empty, empty, empty.bool(), empty.long(), torch.empty(0, L), residual)
-    fields = ("llr", "centred", "discrete", "green", "selected", "selector")
+        return TokenStats(empty, empty, empty, empty.bool(), empty.long(), torch.empty(0, L), residual, empty)
     return TokenStats(
-        *(torch.cat([getattr(p, f) for p in parts]) for f in fields),
+        **{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS},
         residual=torch.cat([p.residual for p in parts]) if with_null else None,
     )
 
@@ -123,6 +130,8 @@ def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, w
     selected = s.argmax(-1)
     lse_wm, lse_orig = _OnlineLSE(n, device), _OnlineLSE(n, device)
     selected_mass = torch.zeros(n, device=device)  # sum of exp(z_orig - max) over the argmax list
+    green_mass = torch.zeros(n, green.shape[1], device=device)  # exact m, unnormalised
+    exact = with_null and top_k is None
     top_values, top_index = [], []
     for b in range(0, weight.shape[0], block):
         z = F.linear(h, weight[b : b + block], None if bias is None else bias[b : b + block]).float()
@@ -131,7 +140,7 @@ def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, w
             z.addmm_(s, green_t[:, b : b + block], alpha=-delta)
         else:  # z = U h; the watermarked logits are z + w
             lse_wm.update(torch.addmm(z, s, green_t[:, b : b + block], alpha=delta), exp_in_place=True)
-        if with_null:
+        if with_null and not exact:
             k = min(top_k, z.shape[1])
             values, index = torch.topk(z, k, dim=-1)
             top_values.append(values)
@@ -139,12 +148,17 @@ def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, w
         e, scale = lse_orig.update(z, exp_in_place=True)  # z now holds exp(z_orig - running max)
         in_selected = green_t[selected, b : b + block]
         selected_mass.mul_(scale).add_((e * in_selected).sum(-1))
+        if exact:
+            green_mass.mul_(scale[:, None]).addmm_(e, green[b : b + block])
     g_x = green[x]  # (n, L) membership of each scored token in every list
     llr = delta * (s * g_x).sum(-1) - lse_wm.value() + lse_orig.value()
     is_green = g_x.gather(1, selected[:, None]).squeeze(1) > 0
     discrete = delta * is_green.float() - torch.log1p(math.expm1(delta) * selected_mass / lse_orig.sum)
     residual, centred = None, torch.full_like(llr, float("nan"))
-    if with_null:
+    if exact:
+        residual = g_x - green_mass / lse_orig.sum[:, None]
+        centred = delta * (s * residual).sum(-1)
+    elif with_null:
         values, index = torch.cat(top_values, 1), torch.cat(top_index, 1)
         values, pick = torch.topk(values, min(top_k, values.shape[1]), dim=-1)
         index = index.gather(1, pick)
@@ -152,7 +166,7 @@ def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, w
         m = torch.bmm(p_top[:, None, :], green[index]).squeeze(1) + key.gamma * (1 - p_top.sum(-1, keepdim=True))
         residual = g_x - m
         centred = delta * (s * residual).sum(-1)
-    return TokenStats(llr, centred, discrete, is_green, selected, s, residual)
+    return TokenStats(llr, centred, discrete, is_green, selected, s, residual, lse_orig.value())
 
 
 def permutation_pvalue(
