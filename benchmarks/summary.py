@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from summary_trust import fpr_per_key, tail_check
+
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -264,6 +266,10 @@ def render() -> str:
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]
+    for name, render_section in (("fpr_per_key", fpr_per_key), ("tail_check", tail_check)):
+        result = load(name)
+        if result is not None:
+            out += render_section(result) + [""]
     for name, render_section in (("serve_load", serve_load), ("serve_bad_inputs", serve_bad_inputs)):
         result = load(name)
         if result is not None:

@@ -1,0 +1,159 @@
+"""False-positive rate per key, on the text most likely to be falsely flagged.
+
+    python benchmarks/fpr_per_key.py [--n 1000 --keys 20 --new-tokens 100 --out runs/fpr]
+
+An owner holds ONE key and every text is tested against it, so the p-value's promise must hold
+key by key, not only on average over random keys. This script:
+
+1. ``texts``: builds ``n`` held-out prompts (news and Wikipedia documents that built no key) and
+   writes four sources of unwatermarked text, each as decoded text without its prompt:
+   the original (public base) model with pure sampling, the same at temperature 0.7 / top-p 0.9,
+   the human continuations, and Gemma-3-270M's completions (another model, another tokenizer).
+2. ``key``: builds one key on the packaged model (the ``default`` profile users get).
+3. ``score``: scores every text once through the backbone and derives, for ``keys`` owners, the
+   statistics of key variants that share S and P but have their own secret (so their own G and
+   permutations). See ``fpr_scoring.py`` for why that is what varies between owners.
+
+Per source and alpha it reports the per-key FPR (median, max), the 95% Clopper-Pearson interval of
+each key, and a chi-square test of whether the spread across keys exceeds the binomial spread.
+Every stage caches its output under ``--out``; re-running resumes. Writes
+benchmarks/results/fpr_per_key.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from openstamp import load_documents, split_documents
+from openstamp.models import load_model
+from openstamp.storage import atomic_write_json, read_json
+from openstamp.text import prompt_windows
+
+SOURCES = {  # name -> (model, temperature, top_p); "human" is the real continuation
+    "base_pure": ("smollm2-135m", 1.0, 1.0),
+    "base_t0.7_p0.9": ("smollm2-135m", 0.7, 0.9),
+    "human": (None, None, None),
+    "gemma3_pure": ("gemma3-270m", 1.0, 1.0),
+}
+
+
+def heldout_prompts(tokenizer, n: int, prompt_tokens: int, new_tokens: int, exclude: set[str]):
+    """``n`` (prompt ids, human continuation ids) windows from held-out news and Wikipedia, interleaved."""
+    groups = []
+    for spec in ("news", "wikipedia"):
+        docs = [d.text for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]
+        groups.append(prompt_windows(tokenizer, docs, prompt_tokens, new_tokens))
+    mixed = [w for pair in zip(*groups, strict=False) for w in pair]
+    mixed += groups[1][len(groups[0]) :]
+    if len(mixed) < n:
+        raise SystemExit(f"only {len(mixed)} held-out windows of {prompt_tokens}+{new_tokens} tokens; lower --n")
+    return mixed[:n]
+
+
+def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None:
+    """Completions of every prompt from one source, batch files under out/texts/<name>/ (resumable)."""
+    from openstamp.generate import sample_completions
+
+    spec, temperature, top_p = SOURCES[name]
+    directory = out / "texts" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    model = tokenizer = None
+    for b, start in enumerate(range(0, len(prompts_text), args.batch)):
+        path = directory / f"b{b:04d}.json"
+        if path.exists():
+            continue
+        if model is None:
+            model, tokenizer = load_model(spec, dtype=args.gen_dtype)
+        began = time.perf_counter()
+        prompts = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts_text[start : start + args.batch]]
+        ids = sample_completions(
+            model,
+            tokenizer,
+            prompts,
+            args.new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=args.seed * 100_003 + b,
+            batch_size=args.batch,
+            progress=False,
+        )
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        atomic_write_json(path, texts)
+        rate = len(prompts) * args.new_tokens / (time.perf_counter() - began)
+        print(f"[texts] {name} batch {b + 1}/{-(-len(prompts_text) // args.batch)}: {rate:.0f} tok/s", flush=True)
+
+
+def load_source(out: Path, name: str) -> list[str]:
+    if name == "human":
+        return read_json(out / "texts" / "human.json", "texts")
+    files = sorted((out / "texts" / name).glob("b*.json"))
+    return [t for f in files for t in read_json(f, "texts")]
+
+
+def stage_texts(out: Path, args) -> None:
+    _, tokenizer = load_model("smollm2-135m")
+    path = out / "texts" / "prompts.json"
+    if not path.exists():
+        windows = heldout_prompts(tokenizer, args.n, args.prompt_tokens, args.new_tokens, set())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, tokenizer.batch_decode([p for p, _ in windows], skip_special_tokens=True))
+        atomic_write_json(
+            out / "texts" / "human.json", tokenizer.batch_decode([h for _, h in windows], skip_special_tokens=True)
+        )
+    prompts = read_json(path, "prompts")
+    for name in SOURCES:
+        if name != "human":
+            generate_source(out, name, prompts, args)
+
+
+def stage_key(out: Path, args) -> None:
+    """One key on the packaged model with the default profile (the demo's settings)."""
+    from openstamp.config import load_profile
+    from openstamp.watermark import embed
+
+    if (out / "key" / "key.json").exists():
+        return
+    embed(
+        "smollm2-135m",
+        "wikipedia",
+        out / "model",
+        out / "key",
+        load_profile(args.profile),
+        overwrite=True,
+        progress=False,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/fpr"))
+    parser.add_argument("--stage", choices=("texts", "key", "score", "all"), default="all")
+    parser.add_argument("--n", type=int, default=1000, help="texts per source")
+    parser.add_argument("--keys", type=int, default=20, help="key variants (owners)")
+    parser.add_argument("--prompt-tokens", type=int, default=50)
+    parser.add_argument("--new-tokens", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--gen-dtype", default="bfloat16", help="dtype users run the public models in")
+    parser.add_argument("--profile", default="default")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "settings.json", json.loads(json.dumps(vars(args), default=str)))
+    if args.stage in ("texts", "all"):
+        stage_texts(args.out, args)
+    if args.stage in ("key", "all"):
+        stage_key(args.out, args)
+    if args.stage in ("score", "all"):
+        from fpr_scoring import stage_score
+
+        stage_score(args.out, args)
+
+
+if __name__ == "__main__":
+    main()
