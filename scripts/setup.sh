@@ -19,8 +19,12 @@ if ! cpu_torch; then
     # PyPI's Linux torch wheel is a CUDA build of several GB; the +cpu wheel of the same version
     # comes from PyTorch's CPU index. A machine that cannot reach that index still gets a pinned
     # wheel from its own pip configuration (a local wheel folder or mirror), never a newer torch.
-    "${PIP[@]}" --extra-index-url "$TORCH_CPU_INDEX" --timeout 15 --retries 1 "$TORCH" \
-        || "${PIP[@]}" "$TORCH"
+    if .venv/bin/python -c "import urllib.request as u; u.urlopen('$TORCH_CPU_INDEX/torch/', timeout=10)" 2>/dev/null; then
+        "${PIP[@]}" --extra-index-url "$TORCH_CPU_INDEX" "$TORCH"
+    else
+        echo "[setup] PyTorch's CPU index is unreachable; $TORCH from this machine's pip configuration"
+        "${PIP[@]}" "$TORCH"
+    fi
     cpu_torch || echo "[setup] warning: the installed torch is a CUDA build; fine on a GPU machine" >&2
 fi
 echo "[setup] openstamp[$EXTRAS] and its dependencies"
