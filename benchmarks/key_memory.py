@@ -5,7 +5,7 @@
 Each point runs in a fresh process: load the model and the corpus, note the RSS, then sample
 N hidden states and fit the selector, either in memory (``collect_states`` + ``fit_selector``)
 or sharded (``write_state_shards`` + ``fit_selector_streaming``), and record the peak RSS above
-the loaded model. P is left out (its training set has a fixed size, ``projection.n_states``).
+the loaded model (after one warm-up batch). P is left out (its training set has a fixed size, ``projection.n_states``).
 A least-squares line per mode gives bytes per state; scaling the in-memory slope by the hidden
 size extrapolates to a 7B model (hidden 4096). Writes benchmarks/results/key_memory.json.
 """
@@ -29,7 +29,7 @@ def point(model_spec: str, mode: str, n: int, lists: int) -> dict:
     import torch
 
     from openstamp import load_documents, load_model, load_profile, split_documents
-    from openstamp.hidden import collect_states
+    from openstamp.hidden import collect_states, final_hidden
     from openstamp.key.selector import fit_selector
     from openstamp.monitor import StageMonitor, current_rss_mb
     from openstamp.state_shards import fit_selector_streaming, write_state_shards
@@ -42,10 +42,15 @@ def point(model_spec: str, mode: str, n: int, lists: int) -> dict:
             "states.window_tokens": 256,
             "states.positions_per_window": 128,
             "selector.n_lists": lists,
+            "projection.enabled": False,
+            "projection.n_states": min(n, 512),
         }
     )
     model, tokenizer = load_model(model_spec)
     docs = split_documents(load_documents("wikipedia"), "key")
+    with torch.inference_mode():  # page the weights in and size one batch's activations before the baseline
+        ids = torch.randint(0, 1000, (cfg.states.batch_size, cfg.states.window_tokens))
+        final_hidden(model, ids, torch.ones_like(ids))
     base = current_rss_mb()
     monitor = StageMonitor()
     with monitor.stage("key"), tempfile.TemporaryDirectory() as tmp:

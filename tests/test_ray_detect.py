@@ -148,3 +148,8 @@ def test_cli_engine_ray_and_its_errors(release, tiny_model_dir, tmp_path):
     for args, message in cases:
         result = runner.invoke(app, [*base, *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.jsonl").write_text('{"text": 5}\n{"text": 6}\n')
+    result = runner.invoke(app, [*base, "--engine", "ray", str(tmp_path / "bad"), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "needs a string 'text'" in result.output, result.output
+    assert list((tmp_path / "o2").iterdir()) == []  # nothing half-written

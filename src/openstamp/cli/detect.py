@@ -103,6 +103,18 @@ def detect(
     setup_logging(quiet=True)
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use local or ray")
+    config = None  # a detection service uses its own settings
+    if server is None:
+        config = DetectConfig(
+            alpha=fpr,
+            threshold=threshold,
+            calibrated=calibrated,
+            min_tokens=min_tokens,
+            batch_size=batch_size,
+            p_values=p_values,
+            n_permutations=permutations,
+            check_key=not force,
+        )
     if engine == "ray" or out_dir is not None:
         conflicts = {
             "--server": server,
@@ -117,16 +129,6 @@ def detect(
             raise ValueError("--out is for --engine ray; use --output for a single file")
         if input is None or out_dir is None or model is None or key is None:
             raise ValueError("--engine ray needs an input file or folder of shards, --out, --model and --key")
-        config = DetectConfig(
-            alpha=fpr,
-            threshold=threshold,
-            calibrated=calibrated,
-            min_tokens=min_tokens,
-            batch_size=batch_size,
-            p_values=p_values,
-            n_permutations=permutations,
-            check_key=not force,
-        )
         run_ray(input, out_dir, model, str(key), config, workers, out_format, dtype, device, ray_address, quiet)
         return
     if server is not None:
@@ -154,16 +156,6 @@ def detect(
             results = client.detect(texts, prompts, token_scores=want_tokens)
             key_id = client.key_id or client.info()["key_id"]
     else:
-        config = DetectConfig(
-            alpha=fpr,
-            threshold=threshold,
-            calibrated=calibrated,
-            min_tokens=min_tokens,
-            batch_size=batch_size,
-            p_values=p_values,
-            n_permutations=permutations,
-            check_key=not force,
-        )
         detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
         results = detector.detect(texts, prompts, token_scores=want_tokens, progress=not quiet and len(texts) > 8)
         key_id = detector.key.key_id

@@ -165,7 +165,10 @@ def detect_shards(
     try:
         t0 = time.perf_counter()
         dataset = _dataset(todo, model, key, config, workers, dtype, device, rows_per_batch)
-        _collect(dataset, todo, out_dir, fmt, summary, on_shard)
+        try:
+            _collect(dataset, todo, out_dir, fmt, summary, on_shard)
+        except ray.exceptions.RayError as err:  # a bad row or a bad key inside an actor: say it in one line
+            raise _user_error(err) or err from None
         summary.seconds = time.perf_counter() - t0
     finally:
         if started:
@@ -198,6 +201,18 @@ def _dataset(shards, model, key, config, workers, dtype, device, rows_per_batch)
         num_cpus=request if device == "cpu" else 0,
         num_gpus=1 if device.startswith("cuda") else 0,
     )
+
+
+def _user_error(err: BaseException) -> Exception | None:
+    """The ValueError (bad input, wrong key) that a Ray task or actor raised, without Ray's wrapping."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, ValueError):
+            return ValueError(str(cause.args[0]) if cause.args else str(cause))
+        err = cause or err.__cause__ or err.__context__
+    return None
 
 
 def _collect(dataset, todo, out_dir, fmt, summary, on_shard) -> None:
