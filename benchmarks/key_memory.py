@@ -19,16 +19,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import write_result
+from common import RESULTS, write_result
 
 HIDDEN_7B = 4096
 PAPER_STATES = 1_500_000
 
 
-def point(model_spec: str, mode: str, n: int, lists: int) -> dict:
+def point(model_spec: str, mode: str, n: int, lists: int, chunk: int) -> dict:
     import torch
 
-    from openstamp import load_documents, load_model, load_profile, split_documents
+    from openstamp import load_documents, load_model, load_profile, split_documents, state_shards
     from openstamp.hidden import collect_states, final_hidden
     from openstamp.key.selector import fit_selector
     from openstamp.monitor import StageMonitor, current_rss_mb
@@ -36,6 +36,7 @@ def point(model_spec: str, mode: str, n: int, lists: int) -> dict:
     from openstamp.watermark import split_by_document
 
     torch.set_num_threads(2)
+    state_shards.CHUNK = chunk  # states per streamed chunk (and per mini-batch of k-means)
     cfg = load_profile("default").with_overrides(
         {
             "states.n_states": n,
@@ -64,6 +65,7 @@ def point(model_spec: str, mode: str, n: int, lists: int) -> dict:
             _, stats = fit_selector_streaming(states, train, held, None, cfg.selector)
     return {
         "mode": mode,
+        "chunk": chunk if mode == "sharded" else None,
         "n_states": len(states),
         "hidden_size": model.config.hidden_size,
         "base_rss_mb": base,
@@ -88,20 +90,37 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--sizes", default="1024,4096,16384")
     parser.add_argument("--lists", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=8192, help="states per streamed chunk (sharded)")
+    parser.add_argument("--modes", default="memory,sharded")
+    parser.add_argument("--keep-other-modes", action="store_true", help="keep the saved points of other modes")
     parser.add_argument("--point", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.point:
-        print(json.dumps(point(args.model, args.point[0], int(args.point[1]), args.lists)))
+        print(json.dumps(point(args.model, args.point[0], int(args.point[1]), args.lists, args.chunk)))
         return
     points = []
     for n in [int(s) for s in args.sizes.split(",")]:
-        for mode in ("memory", "sharded"):
-            cmd = [sys.executable, __file__, "--model", args.model, "--lists", str(args.lists), "--point", mode, str(n)]
+        for mode in args.modes.split(","):
+            cmd = [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--lists",
+                str(args.lists),
+                "--chunk",
+                str(args.chunk),
+            ]
+            cmd += ["--point", mode, str(n)]
             line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
             points.append(json.loads(line))
             p = points[-1]
             mb, seconds = p["above_model_mb"], p["seconds"]
             print(f"{mode:8s} {p['n_states']:6d} states: +{mb:.0f} MB ({seconds:.0f} s)", flush=True)
+    previous = RESULTS / "key_memory.json"
+    if args.keep_other_modes and previous.exists():  # re-ran some modes: keep the saved points of the others
+        modes = args.modes.split(",")
+        points += [p for p in json.loads(previous.read_text())["points"] if p["mode"] not in modes]
     fits = {}
     for mode in ("memory", "sharded"):
         b, a = slope([p for p in points if p["mode"] == mode])
@@ -120,7 +139,14 @@ def main() -> None:
     }
     write_result(
         "key_memory",
-        {"model": args.model, "lists": args.lists, "points": points, "fits": fits, "extrapolation_7b": extrapolation},
+        {
+            "model": args.model,
+            "lists": args.lists,
+            "chunk": args.chunk,
+            "points": points,
+            "fits": fits,
+            "extrapolation_7b": extrapolation,
+        },
     )
     print(
         f"in memory {fits['memory']['mb_per_1k_states']:.2f} MB per 1k states, sharded "

@@ -280,7 +280,8 @@ def scale_out() -> list[str]:
         fits, x = mem["fits"], mem["extrapolation_7b"]
         out += [
             f"Key-building memory (`python benchmarks/key_memory.py`, {mem['model']}, L {mem['lists']}, no P): "
-            "peak RSS above the loaded model while sampling states and fitting S",
+            "peak RSS above the loaded model while sampling states and fitting S; the sharded path streams "
+            f"chunks of {mem.get('chunk', 8192)} states",
             "",
             "| states | in memory (MB) | sharded on disk (MB) |",
             "|---:|---:|---:|",

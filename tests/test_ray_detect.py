@@ -153,3 +153,18 @@ def test_cli_engine_ray_and_its_errors(release, tiny_model_dir, tmp_path):
     result = runner.invoke(app, [*base, "--engine", "ray", str(tmp_path / "bad"), "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and "needs a string 'text'" in result.output, result.output
     assert list((tmp_path / "o2").iterdir()) == []  # nothing half-written
+
+
+def test_errors_raised_in_actors_are_unwrapped():
+    from openstamp.detect.ray_engine import _user_error
+
+    class Wrapper(Exception):  # how Ray wraps an actor's exception: .cause, then a chained cause
+        def __init__(self, cause):
+            super().__init__("UDF failed to process a data block\n<long trace>")
+            self.cause = cause
+
+    inner = ValueError("x.jsonl: every row needs a string 'text'\nFailed to apply UDF transform after 1/1 attempts")
+    udf = RuntimeError("user code failed")
+    udf.__cause__ = inner
+    assert str(_user_error(Wrapper(udf))) == "x.jsonl: every row needs a string 'text'"
+    assert _user_error(Wrapper(RuntimeError("out of memory"))) is None

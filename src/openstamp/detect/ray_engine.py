@@ -182,6 +182,7 @@ def _dataset(shards, model, key, config, workers, dtype, device, rows_per_batch)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # rows come back shard by shard, in order
     context.enable_progress_bars = False
+    context.raise_original_map_exception = True  # an actor's ValueError reaches the driver as one
     parts = []
     for suffix, reader in ((".jsonl", ray.data.read_json), (".parquet", ray.data.read_parquet)):
         paths = [str(s.path) for s in shards if s.path.suffix == suffix]
@@ -208,10 +209,9 @@ def _user_error(err: BaseException) -> Exception | None:
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        cause = getattr(err, "cause", None)
-        if isinstance(cause, ValueError):
-            return ValueError(str(cause.args[0]) if cause.args else str(cause))
-        err = cause or err.__cause__ or err.__context__
+        if isinstance(err, ValueError) and not hasattr(err, "cause"):  # Ray's wrappers carry .cause
+            return ValueError(str(err).splitlines()[0] if str(err) else "")  # Ray appends its retry advice
+        err = getattr(err, "cause", None) or err.__cause__ or err.__context__
     return None
 
 
