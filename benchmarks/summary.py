@@ -247,6 +247,61 @@ def robustness(folder: Path) -> list[str]:
     return rows
 
 
+def scale_out() -> list[str]:
+    """Ray batch detection (ray_detect.json) and key-building memory (key_memory.json)."""
+    out: list[str] = []
+    ray = load("ray_detect")
+    if ray is not None:
+        local = ray["in_process"]
+        out += [
+            f"Batch detection on Ray Data (`python benchmarks/ray_detect.py`): {ray['texts']} held-out Wikipedia "
+            f"texts ({ray['tokens']} scored tokens) in {ray['shards']} JSONL shards, batch {ray['batch']}, "
+            f"local Ray on {ray['cpus']} CPUs; Ray's walls include starting the actors and loading the model "
+            "in each:",
+            "",
+            "| engine | tokens/s | wall (s) | x in-process time |",
+            "|---|---:|---:|---:|",
+            f"| in-process (one Detector) | {local['tokens_per_s']:.0f} | {local['detect_s']:.1f} | 1.00 |",
+        ]
+        for workers, run in sorted(ray["ray"].items()):
+            ratio = ray["overhead_vs_in_process"][workers]
+            label = f"`--engine ray --workers {workers}`"
+            out.append(f"| {label} | {run['tokens_per_s']:.0f} | {run['wall_s']:.1f} | {ratio:.2f} |")
+        out += [
+            "",
+            f"Ray start-up: {ray['ray_init_s']:.1f} s. Largest difference from in-process scores: "
+            f"{ray['max_abs_score_diff']:.1e} (mean LLR), {ray['max_abs_p_value_diff']:.1e} (p-value). "
+            f"Per scored token: {ray['per_token_ms']:.2f} ms, of which the head (LLR over the vocabulary and "
+            f"the null statistics) is {ray['head_share']:.0%} and the backbone {ray['backbone_per_token_ms']:.2f} ms.",
+            "",
+        ]
+    mem = load("key_memory")
+    if mem is not None:
+        by = {(p["mode"], p["n_states"]): p for p in mem["points"]}
+        sizes = sorted({n for _, n in by})
+        fits, x = mem["fits"], mem["extrapolation_7b"]
+        out += [
+            f"Key-building memory (`python benchmarks/key_memory.py`, {mem['model']}, L {mem['lists']}, no P): "
+            "peak RSS above the loaded model while sampling states and fitting S; the sharded path streams "
+            f"chunks of {mem.get('chunk', 8192)} states",
+            "",
+            "| states | in memory (MB) | sharded on disk (MB) |",
+            "|---:|---:|---:|",
+            *(
+                f"| {n} | {by[('memory', n)]['above_model_mb']:.0f} | {by[('sharded', n)]['above_model_mb']:.0f} |"
+                for n in sizes
+                if ("memory", n) in by and ("sharded", n) in by
+            ),
+            "",
+            f"Slopes: {fits['memory']['mb_per_1k_states']:.2f} MB per 1,000 states in memory, "
+            f"{fits['sharded']['mb_per_1k_states']:.2f} sharded. Extrapolated to a 7B model (hidden "
+            f"{x['hidden_size']}) and the paper's {x['states']:,} states: {x['in_memory_gb']:.1f} GB in memory "
+            f"against about {x['sharded_gb']:.2f} GB sharded (Gram matrix plus one chunk), besides the model.",
+            "",
+        ]
+    return out
+
+
 def render() -> str:
     sections = [
         ("embed_stages", embed_stages),
@@ -274,6 +329,7 @@ def render() -> str:
         result = load(name)
         if result is not None:
             out += render_section(result) + [""]
+    out += scale_out()
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -149,6 +149,10 @@ PACKAGED_CORPORA = {
 
 
 def corpus_path(name: str) -> Path:
+    """The packaged corpus file; it ships inside gensim's test data (the ``corpora`` extra)."""
+    from openstamp.errors import require_extra
+
+    require_extra("gensim", "corpora", f"the packaged corpus {name!r}")
     path = package_dir("gensim") / "test" / PACKAGED_CORPORA[name]
     if not path.exists():
         raise AssetMissingError(f"{path} is missing; reinstall gensim==4.4.0")

@@ -135,6 +135,9 @@ def _hf_dataset(spec: str) -> list[Document]:
         name, config, split, field = parts
     else:
         raise CorpusError(f"bad dataset spec {spec!r}; expected hf:name[:config]:split:field")
+    from openstamp.errors import require_extra
+
+    require_extra("datasets", "corpora", "an hf: corpus")
     import datasets
 
     try:

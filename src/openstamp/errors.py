@@ -21,3 +21,15 @@ class InvalidKeyError(ValueError):
 
 class KeyMismatchError(InvalidKeyError):
     """A key used with a model it was not made for."""
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency, installed with one of the package's extras, is missing."""
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Raise ``MissingExtraError`` naming the extra if ``module`` cannot be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtraError(f"{what} needs {module}: pip install 'openstamp[{extra}]'")

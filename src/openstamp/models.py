@@ -97,16 +97,24 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     cache_dir: str | os.PathLike | None = None,
+    device_map: str | dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from a hub id, a local directory or a packaged alias."""
+    """Load a causal LM and its tokenizer from a hub id, a local directory or a packaged alias.
+
+    ``device_map`` (e.g. ``"auto"``) hands placement to accelerate, which spreads a model that
+    does not fit one device over GPUs, CPU memory and disk; ``device`` is then ignored.
+    """
     path = resolve_model_path(spec, cache_dir)
+    placement = {"device_map": device_map} if device_map is not None else {}
     try:
         tokenizer = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype), **placement)
     except OSError as err:
         where = "the Hugging Face hub" if path == spec and not Path(spec).exists() else path
         raise ModelNotFoundError(f"could not load model {spec!r} from {where}: {err}") from err
-    model.to(resolve_device(device)).eval()
+    if device_map is None:
+        model.to(resolve_device(device))
+    model.eval()
     return model, tokenizer
 
 

@@ -32,6 +32,7 @@ from openstamp.storage import atomic_directory, check_can_write
 from openstamp.text import never_green_ids
 
 log = logging.getLogger(__name__)
+_STRENGTH_STATES = 65_536  # sharded states: held-out states behind the effective-strength estimate
 
 
 def versions() -> dict[str, str]:
@@ -94,26 +95,43 @@ def build_key(
     secret: bytes | None = None,
     progress: bool = True,
     states: States | None = None,
+    states_dir: str | os.PathLike | None = None,
 ) -> WatermarkKey:
-    """Sample hidden states (unless given), train P, fit S, and draw G from the secret."""
+    """Sample hidden states (unless given), train P, fit S, and draw G from the secret.
+
+    With ``states_dir``, the states are written there in shards and S is fitted by streaming
+    over them (mini-batch k-means, summed ridge), so memory does not grow with their number;
+    see :mod:`openstamp.state_shards`.
+    """
+    from openstamp.state_shards import fit_selector_streaming, write_state_shards
+
     monitor = StageMonitor()
     check_head_input(model, tokenizer)
     with monitor.stage("hidden_states"):
-        if states is None:
+        if states is None and states_dir is not None:
+            states = write_state_shards(model, tokenizer, documents, cfg.states, Path(states_dir), progress)
+        elif states is None:
             states = collect_states(model, tokenizer, documents, cfg.states, progress)
+    sharded = not isinstance(states, States)
     train, held = split_by_document(states, cfg.selector.heldout_fraction, cfg.selector.seed)
     projection, projection_stats = None, {}
     if cfg.projection.enabled:
         subset = train[: cfg.projection.n_states]
+        texts = states.texts(subset) if sharded else [states.texts[i] for i in subset.tolist()]
         with monitor.stage("sentence_embeddings"):
-            targets = encode_texts(
-                [states.texts[i] for i in subset.tolist()], cfg.projection.embedder, progress=progress
-            )
+            targets = encode_texts(texts, cfg.projection.embedder, progress=progress)
         with monitor.stage("projection"):
-            projection, projection_stats = train_projection(states.hidden[subset], targets, cfg.projection, progress)
-    z = states.hidden if projection is None else states.hidden @ projection.T
+            hidden = states.load(subset) if sharded else states.hidden[subset]
+            projection, projection_stats = train_projection(hidden, targets, cfg.projection, progress)
     with monitor.stage("selector"):
-        selector, selector_stats = fit_selector(z[train], z[held], cfg.selector)
+        if sharded:
+            fit_device = "cuda" if torch.cuda.is_available() else "cpu"
+            selector, selector_stats = fit_selector_streaming(states, train, held, projection, cfg.selector, fit_device)
+            held_hidden = states.load(held[:_STRENGTH_STATES])
+        else:
+            z = states.hidden if projection is None else states.hidden @ projection.T
+            selector, selector_stats = fit_selector(z[train], z[held], cfg.selector)
+            held_hidden = states.hidden[held]
     vocab_size = head(model).weight.shape[0]
     key = WatermarkKey(
         secret=secret or new_secret(),
@@ -125,7 +143,7 @@ def build_key(
         never_green=never_green_ids(tokenizer, vocab_size),
     )
     with monitor.stage("green_lists"):
-        selector_stats["effective_strength"] = effective_strength(key, states.hidden[held])
+        selector_stats["effective_strength"] = effective_strength(key, held_hidden)
     selector_stats["effective_strength_over_delta"] = selector_stats["effective_strength"] / key.delta
     key.meta.update(
         config=cfg.to_dict(),
@@ -184,6 +202,8 @@ def embed(
     corpus_part: str = "key",
     overwrite: bool = False,
     progress: bool = True,
+    device_map: str | None = None,
+    states_dir: str | os.PathLike | None = None,
 ) -> EmbedResult:
     """Build a key on ``corpus_spec``, watermark ``model_spec``, and write both atomically.
 
@@ -192,8 +212,8 @@ def embed(
     check_can_write(out, overwrite)
     check_can_write(key_dir, overwrite)
     documents = split_documents(load_documents(corpus_spec), corpus_part)
-    model, tokenizer = load_model(model_spec, dtype=dtype, device=device, cache_dir=cache_dir)
-    key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress)
+    model, tokenizer = load_model(model_spec, dtype=dtype, device=device, cache_dir=cache_dir, device_map=device_map)
+    key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress, states_dir=states_dir)
     key.meta["corpus"] = {"spec": corpus_spec, "part": corpus_part, **fingerprint(documents)}
     tied = is_tied(model)
     original = head(model).weight.detach().clone()

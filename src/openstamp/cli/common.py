@@ -11,8 +11,9 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
-from openstamp.errors import AssetMissingError, CorpusError, InvalidKeyError, ModelNotFoundError
+from openstamp.errors import AssetMissingError, CorpusError, InvalidKeyError, MissingExtraError, ModelNotFoundError
 
 console = Console(stderr=True)
 out = Console()
@@ -24,6 +25,7 @@ USER_ERRORS = (
     FileNotFoundError,
     InvalidKeyError,
     IsADirectoryError,
+    MissingExtraError,
     ModelNotFoundError,
     NotADirectoryError,
     PermissionError,
@@ -58,7 +60,7 @@ def friendly_errors(func):
         try:
             return func(*args, **kwargs)
         except USER_ERRORS as err:
-            console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+            console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)  # "[ray]" is not markup
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted; nothing half-written was left behind[/]")

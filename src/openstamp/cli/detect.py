@@ -91,6 +91,13 @@ def detect(
     device: str = DeviceOption,
     cache_dir: Path | None = CacheOption,
     quiet: bool = typer.Option(False, help="no progress bar"),
+    engine: str = typer.Option("local", help="local (this process) or ray (Ray Data actors; needs the [ray] extra)"),
+    workers: int = typer.Option(1, help="--engine ray: detector actors, each loading the model once"),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="--engine ray: folder for one scored file per input shard (existing ones are skipped)"
+    ),
+    out_format: str = typer.Option("jsonl", "--format", help="--engine ray: jsonl or parquet output"),
+    ray_address: str | None = typer.Option(None, help="--engine ray: a running cluster (auto, ray://...)"),
 ) -> None:
     """Score texts for the watermark of KEY in MODEL, or with a detection service (--server)."""
     from openstamp.config import DetectConfig
@@ -104,6 +111,36 @@ def detect(
     if rule == "pvalue" and (threshold is not None or calibrated):
         rule = "llr"  # --threshold and --calibrated have always meant the LLR rule
     calibrated = calibrated or (rule == "llr" and threshold is None)
+    if engine not in ("local", "ray"):
+        raise ValueError(f"unknown engine {engine!r}; use local or ray")
+    config = None  # a detection service uses its own settings
+    if server is None:
+        config = DetectConfig(
+            alpha=fpr,
+            threshold=threshold,
+            calibrated=calibrated,
+            min_tokens=min_tokens,
+            batch_size=batch_size,
+            p_values=p_values,
+            n_permutations=permutations,
+            check_key=not force,
+        )
+    if engine == "ray" or out_dir is not None:
+        conflicts = {
+            "--server": server,
+            "--text": text,
+            "--output": output,
+            "--html": html,
+            "--token-scores": token_scores,
+        }
+        if given := [name for name, value in conflicts.items() if value]:
+            raise ValueError(f"{', '.join(given)}: not available with --engine ray")
+        if engine != "ray":
+            raise ValueError("--out is for --engine ray; use --output for a single file")
+        if input is None or out_dir is None or model is None or key is None:
+            raise ValueError("--engine ray needs an input file or folder of shards, --out, --model and --key")
+        run_ray(input, out_dir, model, str(key), config, workers, out_format, dtype, device, ray_address, quiet)
+        return
     if server is not None:
         local = {
             "--model": model,
@@ -129,16 +166,6 @@ def detect(
             results = client.detect(texts, prompts, token_scores=want_tokens)
             key_id = client.key_id or client.info()["key_id"]
     else:
-        config = DetectConfig(
-            alpha=fpr,
-            threshold=threshold,
-            calibrated=calibrated,
-            min_tokens=min_tokens,
-            batch_size=batch_size,
-            p_values=p_values,
-            n_permutations=permutations,
-            check_key=not force,
-        )
         detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
         results = detector.detect(texts, prompts, token_scores=want_tokens, progress=not quiet and len(texts) > 8)
         key_id = detector.key.key_id
@@ -159,6 +186,34 @@ def detect(
         print_table(records)
     else:
         sys.stdout.write(lines)
+
+
+def run_ray(source, out_dir, model, key, config, workers, fmt, dtype, device, address, quiet) -> None:
+    """--engine ray: score shards on Ray Data actors; say what was scored and what was skipped."""
+    from openstamp.errors import require_extra
+
+    require_extra("ray", "ray", "--engine ray")
+    from openstamp.detect.ray_engine import detect_shards
+
+    progress = None if quiet else (lambda path: console.print(f"wrote {path}"))
+    summary = detect_shards(
+        source,
+        out_dir,
+        model,
+        key,
+        config,
+        workers=workers,
+        fmt=fmt,
+        dtype=dtype,
+        device=device,
+        address=address,
+        on_shard=progress,
+    )
+    rate = f", {summary.tokens / summary.seconds:.0f} tokens/s" if summary.seconds else ""
+    console.print(
+        f"scored {len(summary.scored)} shards ({summary.rows} texts{rate}); "
+        f"skipped {len(summary.skipped)} already written in {out_dir}"
+    )
 
 
 def print_table(records: list[dict]) -> None:

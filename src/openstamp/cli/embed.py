@@ -76,6 +76,12 @@ def embed(
     cache_dir: Path | None = CacheOption,
     overwrite: bool = typer.Option(False, help="replace existing output directories"),
     quiet: bool = typer.Option(False, help="no progress bars"),
+    device_map: str | None = typer.Option(
+        None, help="'auto': accelerate spreads a large model over GPUs, CPU and disk (replaces --device)"
+    ),
+    states_dir: Path | None = typer.Option(
+        None, help="write hidden states here in shards and fit the selector by streaming (large models)"
+    ),
 ) -> None:
     """Build a watermark key on a corpus and write it into a model's lm_head."""
     from openstamp.watermark import embed as run_embed
@@ -108,6 +114,8 @@ def embed(
         corpus_part=corpus_part,
         overwrite=overwrite,
         progress=not quiet,
+        device_map=device_map,
+        states_dir=states_dir,
     )
     print_summary(result.key, result.model_dir, result.key_dir)
 

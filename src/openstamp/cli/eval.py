@@ -27,6 +27,9 @@ def evaluate(
     prompt_tokens: int | None = typer.Option(None, help="prompt length (default 50)"),
     new_tokens: int | None = typer.Option(None, help="completion length (default 200)"),
     settings: list[str] | None = typer.Option(None, "--set", help="any EvalConfig field, e.g. --set strengths={...}"),
+    generator: str = typer.Option(
+        "transformers", help="transformers, vllm (a CUDA GPU with vLLM; else transformers) or auto"
+    ),
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Compare OpenStamp with the baselines on detection and text quality, and write a report."""
@@ -52,8 +55,13 @@ def evaluate(
     }
     data.update({k: v for k, v in flags.items() if v is not None})
     cfg = EvalConfig.from_dict(data)
+    from openstamp.generators import select_generator
+
+    choice = select_generator(generator)
+    if generator != "transformers":
+        console.print(f"generator: {choice.name} ({choice.reason})")
     start = time.perf_counter()
-    results = run_eval(cfg, out_dir, progress=not quiet)
+    results = run_eval(cfg, out_dir, progress=not quiet, generator=choice.name)
     minutes = (time.perf_counter() - start) / 60
     console.print(f"finished in {minutes:.1f} min (cached stages are not recomputed)")
     print_summary(results)

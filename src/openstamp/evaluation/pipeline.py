@@ -32,8 +32,16 @@ from openstamp.text import prompt_windows
 log = logging.getLogger(__name__)
 
 
-def run_eval(cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
-    """Run (or resume) the comparison described by ``cfg`` into ``out``; return results.json's content."""
+def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str = "transformers") -> dict:
+    """Run (or resume) the comparison described by ``cfg`` into ``out``; return results.json's content.
+
+    ``generator``: transformers, vllm or auto (see :mod:`openstamp.generators`); vLLM samples the
+    unwatermarked and weight-level sets, decode-time methods always use transformers.
+    """
+    from openstamp.generators import select_generator
+
+    choice = select_generator(generator)
+    log.info("generator: %s (%s)", choice.name, choice.reason)
     _check_config(cfg, out)
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     key_docs = split_documents(load_documents(cfg.key_corpus), "key")
@@ -41,7 +49,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
     prompts = [w["prompt"] for w in windows]
     runs = []
     for seed in cfg.seeds:
-        generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress)
+        generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
         for name in cfg.methods:
             method = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
             for strength in strengths(cfg, method):
@@ -61,6 +69,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True) -> dict:
                         seed,
                         variant.logits_processor(),
                         progress,
+                        choice,
                     )
                 finally:
                     if variant.weight_level:
@@ -155,10 +164,18 @@ def generation_name(method: WatermarkMethod, strength: float, seed: int) -> str:
     return f"{family}@{strength:g}/s{seed}"
 
 
-def generate_set(out, name, model, tokenizer, prompts, cfg, seed, processor, progress) -> list[list[int]]:
-    """Completions of every prompt, generated batch by batch; finished batches are kept on disk."""
+def generate_set(
+    out, name, model, tokenizer, prompts, cfg, seed, processor, progress, generator=None
+) -> list[list[int]]:
+    """Completions of every prompt, generated batch by batch; finished batches are kept on disk.
+
+    With a vLLM ``generator`` and no logits processor (a weight-level watermark or none), the
+    model as it is now is saved and the missing batches are sampled by vLLM in one call.
+    """
     directory = out / "generations" / name
     directory.mkdir(parents=True, exist_ok=True)
+    if generator is not None and generator.is_vllm and processor is None:
+        _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed)
     completions: list[list[int]] = []
     for b, start in enumerate(range(0, len(prompts), cfg.batch_size)):
         path = directory / f"b{b:04d}.json"
@@ -180,6 +197,30 @@ def generate_set(out, name, model, tokenizer, prompts, cfg, seed, processor, pro
             atomic_write_json(path, ids)
         completions.extend(read_json(path, "generation batch"))
     return completions
+
+
+def _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed) -> None:
+    import shutil
+
+    from openstamp.generators import export_for_vllm, vllm_completions
+    from openstamp.text import bos_prefix
+
+    starts = [s for s in range(0, len(prompts), cfg.batch_size)]
+    missing = [(b, s) for b, s in enumerate(starts) if not (directory / f"b{b:04d}.json").exists()]
+    if not missing:
+        return
+    model_dir = export_for_vllm(model, tokenizer, out / "vllm-model")
+    try:
+        todo = [bos_prefix(tokenizer) + p for _, s in missing for p in prompts[s : s + cfg.batch_size]]
+        ids = vllm_completions(
+            model_dir, todo, cfg.new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed * 100_003
+        )
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)  # the next set may be another variant of the weights
+    for b, s in missing:
+        n = len(prompts[s : s + cfg.batch_size])
+        atomic_write_json(directory / f"b{b:04d}.json", ids[:n])
+        ids = ids[n:]
 
 
 def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) -> None:

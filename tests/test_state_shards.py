@@ -1,0 +1,68 @@
+"""Hidden states written in shards and the selector fitted by streaming over them."""
+
+import pytest
+import torch
+from conftest import SMALL_EMBED, make_model
+from typer.testing import CliRunner
+
+from openstamp.cli import app
+from openstamp.corpus import load_documents
+from openstamp.hidden import collect_states
+from openstamp.key.selector import fit_selector
+from openstamp.state_shards import fit_selector_streaming, write_state_shards
+from openstamp.watermark import build_key, split_by_document
+
+
+@pytest.fixture(scope="module")
+def docs(corpus_file):
+    return load_documents(str(corpus_file))
+
+
+def test_shards_hold_exactly_the_in_memory_states(tokenizer, docs, tiny_config, tmp_path):
+    model = make_model(False, len(tokenizer))
+    cfg = tiny_config.states
+    states = collect_states(model, tokenizer, docs, cfg, progress=False)
+    shards = write_state_shards(model, tokenizer, docs, cfg, tmp_path, progress=False)
+    assert len(shards) == len(states) and len(shards.counts) > 1
+    assert torch.equal(shards.document, states.document)
+    index = torch.randperm(len(states), generator=torch.Generator().manual_seed(0))[:100]
+    assert torch.allclose(shards.load(index), states.hidden[index], atol=1e-6)
+    assert shards.texts(index) == [states.texts[i] for i in index.tolist()]
+    seen = torch.cat([w for w, _ in shards.chunks(index, size=37)])  # chunks cover the index once
+    assert sorted(seen.tolist()) == list(range(len(index)))
+
+
+def test_streamed_selector_matches_the_in_memory_fit(tokenizer, docs, tiny_config, tmp_path):
+    model = make_model(False, len(tokenizer))
+    shards = write_state_shards(model, tokenizer, docs, tiny_config.states, tmp_path, progress=False)
+    train, held = split_by_document(shards, 0.1, 0)
+    cfg = tiny_config.selector
+    S, stats = fit_selector_streaming(shards, train, held, None, cfg)
+    hidden = shards.load(torch.arange(len(shards)))
+    S_mem, stats_mem = fit_selector(hidden[train], hidden[held], cfg)
+    assert S.shape[1] == S_mem.shape[1] == hidden.shape[1] and S.shape[0] >= 2
+    assert set(stats_mem) <= set(stats)
+    assert stats["train_accuracy"] > 0.6 and stats["train_accuracy"] > stats_mem["train_accuracy"] - 0.2
+    own = (hidden[train] @ S.T).max(-1).values.mean()  # rescaled: the winning value averages about 1
+    assert 0.5 < float(own) < 2.0
+
+
+def test_embed_with_device_map_and_sharded_states(tiny_model_dir, corpus_file, tmp_path):
+    args = ["embed", "--model", str(tiny_model_dir), "--corpus", str(corpus_file), *SMALL_EMBED]
+    out = ["--out", str(tmp_path / "model"), "--key", str(tmp_path / "key")]
+    extra = ["--device-map", "auto", "--states-dir", str(tmp_path / "states")]
+    result = CliRunner().invoke(app, [*args, *out, *extra])
+    assert result.exit_code == 0, result.output
+    assert len(list((tmp_path / "states").glob("states-*.safetensors"))) >= 1
+    import json
+
+    meta = json.loads((tmp_path / "key" / "key.json").read_text())
+    assert "streamed" in json.dumps(meta) and meta["stats"]["n_states"] == 256
+
+
+def test_build_key_from_shards_gives_a_working_key(tokenizer, docs, tiny_config, tmp_path):
+    model = make_model(True, len(tokenizer))
+    key = build_key(model, tokenizer, docs, tiny_config, progress=False, states_dir=tmp_path)
+    assert key.selector.shape[1] == model.config.hidden_size and key.selector.shape[0] >= 2
+    assert key.meta["stats"]["n_states"] == tiny_config.states.n_states
+    assert key.meta["stats"]["selector"]["effective_strength"] > 0
