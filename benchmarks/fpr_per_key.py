@@ -106,7 +106,7 @@ def stage_texts(out: Path, args) -> None:
             out / "texts" / "human.json", tokenizer.batch_decode([h for _, h in windows], skip_special_tokens=True)
         )
     prompts = read_json(path, "prompts")
-    for name in SOURCES:
+    for name in args.sources:
         if name != "human":
             generate_source(out, name, prompts, args)
 
@@ -141,10 +141,15 @@ def main() -> None:
     parser.add_argument("--gen-dtype", default="bfloat16", help="dtype users run the public models in")
     parser.add_argument("--profile", default="default")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sources", default=",".join(SOURCES), help="comma-separated subset to generate or score")
     args = parser.parse_args()
+    args.sources = [s for s in args.sources.split(",") if s]
+    if unknown := set(args.sources) - set(SOURCES):
+        raise SystemExit(f"unknown sources {sorted(unknown)}; choose from {list(SOURCES)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out / "settings.json", json.loads(json.dumps(vars(args), default=str)))
+    if args.stage in ("texts", "all") or not (args.out / "settings.json").exists():
+        atomic_write_json(args.out / "settings.json", json.loads(json.dumps(vars(args), default=str)))
     if args.stage in ("texts", "all"):
         stage_texts(args.out, args)
     if args.stage in ("key", "all"):

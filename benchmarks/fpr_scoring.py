@@ -164,7 +164,7 @@ def stage_score(out, args) -> None:
     key = WatermarkKey.load(out / "key")
     keys = variant_keys(key, args.keys)
     report, timings = {}, {}
-    for name in SOURCES:
+    for name in [n for n in SOURCES if n in args.sources]:
         cache = out / "scores" / f"{name}_k{args.keys}.json"
         if not cache.exists():
             began = time.perf_counter()
