@@ -159,8 +159,8 @@ def _own_fingerprint(key: WatermarkKey) -> dict:
     Keys derived with another ``delta`` (``dataclasses.replace``) carry their parent's record;
     its watermarked digest is not theirs, so they record their own.
     """
-    recorded = key.meta.get("fingerprint") or {}
-    return recorded if recorded.get("key_id") == key.key_id else {}
+    made_with = key.meta.get("model", {}).get("key_id")
+    return (key.meta.get("fingerprint") or {}) if made_with == key.key_id else {}
 
 
 def _record(key: WatermarkKey, model: PreTrainedModel, state: PatchState, source: str) -> None:
@@ -174,9 +174,9 @@ def _record(key: WatermarkKey, model: PreTrainedModel, state: PatchState, source
         "dtype": dtype_name(weight.dtype),
         "tied": state.was_tied,
         "tied_head": state.mode,
+        "key_id": key.key_id,  # the fingerprints below are of this key's dW
     }
     key.meta["fingerprint"] = {
-        "key_id": key.key_id,
         "original": head_digests(state.original),
         "watermarked": head_digests(weight),
     }
