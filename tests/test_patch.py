@@ -167,3 +167,19 @@ def test_shape_mismatch_is_refused(tiny_model_dir):
     )
     with pytest.raises(KeyMismatchError, match="shape"):
         apply_watermark(model, bad)
+
+
+def test_a_key_derived_with_another_delta_records_its_own_fingerprints(tiny_model_dir):
+    import dataclasses
+
+    base = load(tiny_model_dir)
+    model = load(tiny_model_dir)
+    parent, _ = watermark(model)
+    child = dataclasses.replace(parent, delta=2.0, meta=dict(parent.meta))  # the eval's strength sweep
+    assert child.key_id != parent.key_id
+    with pytest.raises(KeyMismatchError):  # the parent's watermarked head is not the child's
+        check_key(model, child)
+    assert check_key(base, child) == "original"
+    apply_watermark(base, child)
+    assert check_key(base, child) == "watermarked" and check_key(model, parent) == "watermarked"
+    assert child.meta["fingerprint"] != parent.meta["fingerprint"]

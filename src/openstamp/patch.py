@@ -243,7 +243,9 @@ def check_key(model: PreTrainedModel, key: WatermarkKey) -> str:
             f"key {key.key_id} records no model fingerprint (apply_watermark records it); {FORCE_HINT}"
         )
     digest = tensor_sha256(weight)
-    for which in ("watermarked", "original"):
+    # a key derived with another delta carries its parent's record: only the original head still fits
+    inherited = key.meta.get("model", {}).get("key_id") not in (None, key.key_id)
+    for which in ("original",) if inherited else ("watermarked", "original"):
         if recorded.get(which, {}).get(dtype_name(weight.dtype)) == digest:
             return which
     raise KeyMismatchError(
