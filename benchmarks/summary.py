@@ -69,6 +69,30 @@ def detect_quality(r: dict) -> list[str]:
     return rows
 
 
+def retie(r: dict) -> list[str]:
+    res = r["results"]
+    rows = [
+        f"Tied heads (`python benchmarks/retie.py`): one key on {r['model']} (profile {r['profile']}, "
+        f"{r['key_corpus']}; delta {r['delta']}, gamma {r['gamma']}, L {r['n_lists']}), written as the old "
+        "untied export and as the re-tied default. Perplexity is the model's own on "
+        f"{r['ppl_windows']} x {r['ppl_tokens']} tokens of {r['heldout_text']}; {r['n']} completions of "
+        f"{r['new_tokens']} tokens from held-out {r['prompt_tokens']}-token prompts are scored as text without "
+        f"their prompts, against the {r['n']} human continuations, at p <= {r['alpha']}:",
+        "",
+        "| release | perplexity | completions flagged | human flagged | safetensors (MB) | audit: copy of U |",
+        "|---|---:|---:|---:|---:|---|",
+        f"| original | {res['original']['perplexity']['ppl']:.1f} | - | - | {res['original']['size_mb']:.0f} | - |",
+    ]
+    for mode, label in (("untie", "untie (`--tied-head untie`)"), ("retie", "retie (default)")):
+        m = res[mode]
+        copy = any("holds the original unembedding" in msg for msg in m["audit_high"])
+        rows.append(
+            f"| {label} | {m['perplexity']['ppl']:.1f} | {m['flagged_completions']:.0%} | {m['flagged_human']:.0%} "
+            f"| {m['size_mb']:.0f} | {'yes' if copy else 'no'} |"
+        )
+    return rows
+
+
 def calibration(r: dict) -> list[str]:
     observed = r["p_value_observed_fpr"]
     return [
@@ -308,6 +332,7 @@ def render() -> str:
         ("selector_variants", selector_variants),
         ("detect_speed", detect_speed),
         ("detect_quality", detect_quality),
+        ("retie", retie),
     ]
     out: list[str] = []
     for name, render in sections:

@@ -12,8 +12,7 @@ from typer.testing import CliRunner
 from openstamp.audit import audit, sketch_rank
 from openstamp.cli import app as cli
 from openstamp.key import WatermarkKey
-from openstamp.patch import apply_watermark, head, is_tied
-from openstamp.watermark import record_model
+from openstamp.patch import apply_watermark, head
 
 runner = CliRunner()
 
@@ -26,11 +25,9 @@ def source_is_tied(model_dir) -> bool:
     return json.loads((model_dir / "config.json").read_text())["tie_word_embeddings"]
 
 
-@pytest.fixture(scope="module")
-def release(tiny_model_dir, tmp_path_factory):
-    """A watermarked copy of the tiny model (L = 6 lists, P random) and its key."""
-    root = tmp_path_factory.mktemp("audit")
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+def make_release(model_dir, root, mode):
+    """A watermarked copy of the tiny model (L = 6 lists, P random) in ``mode``, and its key."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     V, d = head(model).weight.shape
     g = torch.Generator().manual_seed(0)
     key = WatermarkKey(
@@ -41,14 +38,43 @@ def release(tiny_model_dir, tmp_path_factory):
         delta=1.0,
         vocab_size=V,
     )
-    tied, original = is_tied(model), head(model).weight.detach().clone()
-    apply_watermark(model, key)
-    record_model(key, model, "tiny", original, tied)
+    apply_watermark(model, key, mode)
     model.save_pretrained(root / "model")
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_model_dir / name, root / "model" / name)
+        shutil.copy(model_dir / name, root / "model" / name)
     key.save(root / "key")
     return root
+
+
+@pytest.fixture(scope="module")
+def release(tiny_model_dir, tmp_path_factory):
+    """The leaky export (``untie``): most checks below are about what it gives away."""
+    return make_release(tiny_model_dir, tmp_path_factory.mktemp("audit"), "untie")
+
+
+@pytest.fixture(scope="module")
+def retied(tiny_model_dir, tmp_path_factory):
+    """The default export (``retie``)."""
+    return make_release(tiny_model_dir, tmp_path_factory.mktemp("audit-retie"), "retie")
+
+
+def test_a_retied_release_leaks_no_copy_of_u_and_an_untied_export_of_a_tied_model_does(release, retied, tiny_model_dir):
+    tied = source_is_tied(tiny_model_dir)
+    assert highs(audit(retied / "model")) == [] and highs(audit(retied / "model", retied / "key")) == []
+    with_base = audit(retied / "model", retied / "key", base=str(tiny_model_dir))
+    assert highs(with_base, "copy of U") == []
+    # the public base alone exposes dW, re-tied or not
+    assert [f.check for f in highs(with_base)] == ["base"]
+    leaky = highs(audit(release / "model", base=str(tiny_model_dir)), "copy of U")
+    if tied:  # the untie export's input embeddings are the base's U
+        (finding,) = leaky
+        assert finding.message.startswith("model.embed_tokens.weight equals") and "--tied-head retie" in finding.message
+        assert any(
+            "tied to the input embeddings" in f.message and "re-tied" in f.message
+            for f in audit(retied / "model", retied / "key")
+        )
+    else:  # an untied base keeps its own input embeddings; they are not U
+        assert leaky == []
 
 
 def copy_release(release, tmp_path):
@@ -63,7 +89,7 @@ def test_a_tied_then_untied_release_is_high_and_a_clean_untied_one_is_not(releas
         (finding,) = highs(without_key)
         assert finding.check == "tied head" and "low rank" in finding.message
         assert finding.details == ["numerical rank of lm_head - input embeddings: 6 of 32"]
-        assert "records that the base model tied" in highs(with_key, "tied head")[0].message
+        assert "records an untied export of a tied model" in highs(with_key, "tied head")[0].message
     else:
         assert highs(without_key) == [] and highs(with_key) == []
         assert any("separate and unrelated" in f.message for f in without_key)

@@ -1,3 +1,4 @@
+import json
 import os
 import stat
 
@@ -80,10 +81,101 @@ def test_tampered_secret_is_detected(tmp_path):
 def test_corrupt_json_is_reported(tmp_path):
     make_key().save(tmp_path / "key")
     (tmp_path / "key" / "key.json").write_text("{not json")
-    with pytest.raises(ValueError, match="corrupt"):
+    with pytest.raises(InvalidKeyError, match="corrupt"):
         WatermarkKey.load(tmp_path / "key")
 
 
 def test_short_secret_is_refused():
     with pytest.raises(ValueError, match="16 bytes"):
         WatermarkKey(secret=b"short", selector=torch.zeros(2, 4), projection=None, gamma=0.25, delta=1.0, vocab_size=10)
+
+
+def test_the_key_id_covers_every_number_that_shapes_dw():
+    import dataclasses
+
+    key = make_key()
+    for change in ({"delta": 2.0}, {"gamma": 0.5}, {"vocab_size": 101}, {"never_green": [0]}):
+        assert dataclasses.replace(key, **change).key_id != key.key_id, change
+    assert dataclasses.replace(key, meta={}).key_id == key.key_id
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("delta", 3.0), ("gamma", 0.5), ("vocab_size", 101), ("never_green", [0]), ("n_lists", 7), ("hidden_size", 8)],
+)
+def test_a_hand_edited_header_is_refused(tmp_path, field, value):
+    make_key().save(tmp_path / "key")
+    path = tmp_path / "key" / "key.json"
+    header = json.loads(path.read_text())
+    path.write_text(json.dumps({**header, field: value}))
+    with pytest.raises(InvalidKeyError, match="key id differs"):
+        WatermarkKey.load(tmp_path / "key")
+
+
+def test_an_edited_model_record_is_refused(tmp_path):
+    key = make_key()
+    key.meta["model"] = {"tied": True, "tied_head": "retie"}
+    key.save(tmp_path / "key")
+    path = tmp_path / "key" / "key.json"
+    header = json.loads(path.read_text())
+    header["model"]["tied_head"] = "untie"
+    path.write_text(json.dumps(header))
+    with pytest.raises(InvalidKeyError, match="edited"):
+        WatermarkKey.load(tmp_path / "key")
+
+
+@pytest.mark.parametrize("field", ["gamma", "delta", "vocab_size", "key_id", "checksum", "n_lists"])
+def test_a_missing_field_gives_a_one_line_error(tmp_path, field):
+    make_key().save(tmp_path / "key")
+    path = tmp_path / "key" / "key.json"
+    header = json.loads(path.read_text())
+    del header[field]
+    path.write_text(json.dumps(header))
+    with pytest.raises(InvalidKeyError, match=f"lacks {field}") as err:
+        WatermarkKey.load(tmp_path / "key")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "content", ["{not json", "[1, 2]", '{"format": 2, "prf_version": "x"}', "\udcff".encode("utf-8", "surrogateescape")]
+)
+def test_a_corrupt_key_json_gives_invalid_key_error(tmp_path, content):
+    from openstamp.key.prf import PRF_VERSION
+
+    make_key().save(tmp_path / "key")
+    path = tmp_path / "key" / "key.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content.replace('"x"', json.dumps(PRF_VERSION)))
+    with pytest.raises(InvalidKeyError) as err:
+        WatermarkKey.load(tmp_path / "key")
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_tensor_or_a_wrong_type_gives_invalid_key_error(tmp_path):
+    from safetensors.torch import save_file
+
+    key = make_key()
+    key.save(tmp_path / "key")
+    save_file({"selector": key.selector}, str(tmp_path / "key" / "key.safetensors"))  # P is gone
+    with pytest.raises(InvalidKeyError, match="lacks the projection tensor"):
+        WatermarkKey.load(tmp_path / "key")
+    save_file({"other": key.selector}, str(tmp_path / "key" / "key.safetensors"))
+    with pytest.raises(InvalidKeyError, match="lacks the selector tensor"):
+        WatermarkKey.load(tmp_path / "key")
+    key.save(tmp_path / "key2")
+    path = tmp_path / "key2" / "key.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "delta": "strong"}))
+    with pytest.raises(InvalidKeyError, match="corrupt"):
+        WatermarkKey.load(tmp_path / "key2")
+
+
+def test_a_format_1_key_still_loads(tmp_path):
+    key = make_key()
+    key.save(tmp_path / "key")
+    path = tmp_path / "key" / "key.json"
+    header = json.loads(path.read_text())
+    del header["checksum"]
+    path.write_text(json.dumps({**header, "format": 1, "key_id": key._legacy_key_id()}))
+    assert WatermarkKey.load(tmp_path / "key").key_id == key.key_id

@@ -3,12 +3,14 @@
 Reads safetensors lazily (``safe_open``); never loads the model. Checks:
 
 * key material: key files, key-like tensors or JSON, the secret's bytes, OpenStamp mentions;
-* a tied head: if the base model tied lm_head to its input embeddings, the release's input
-  embeddings are the original U and ``U~ - E = dW`` gives the watermark away. Seen from the
-  key's record, or without a key from the low numerical rank of lm_head minus the embeddings;
+* a tied head: a tied base exported with ``--tied-head untie`` keeps its input embeddings at the
+  original U, and ``U~ - E = dW`` gives the watermark away. Seen from the key's record, or
+  without a key from the low numerical rank of lm_head minus the embeddings. A re-tied release
+  (the default) has one shared tensor holding U~ and no separate lm_head;
 * the key's fingerprints: does the release carry the watermarked head, the original, or neither;
 * a public base: an identical head means no watermark; a different one exposes dW = U~ - U_base;
-  and anything else that differs from the base (tensors, config keys, files).
+  any release tensor equal to the base's lm_head or input embeddings is a copy of U; and
+  anything else that differs from the base (tensors, config keys, files).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from openstamp.key.key import WatermarkKey
-from openstamp.patch import tensor_sha256
+from openstamp.patch import tensor_sha256, tied_head_mode
 
 SEVERITIES = ("high", "medium", "info")
 KEY_FILES = {"key.json", "key.safetensors", "secret"}
@@ -200,8 +202,11 @@ def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
 def check_tied(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
     head, embed = ckpt.head_name(), ckpt.embed_name()
     if head is None:
-        return [Finding("info", "tied head", "lm_head is tied to the input embeddings (no separate head tensor)")]
-    was_tied = bool(key and key.meta.get("model", {}).get("tied"))
+        retied = " (re-tied: the one tensor holds U~, no copy of U)" if key and tied_head_mode(key) == "retie" else ""
+        return [
+            Finding("info", "tied head", f"lm_head is tied to the input embeddings (no separate head tensor){retied}")
+        ]
+    was_tied = bool(key and tied_head_mode(key) == "untie")
     if embed is None or ckpt.shape(head) != ckpt.shape(embed):
         return [Finding("info", "tied head", "no input embeddings of the head's shape to compare with")]
     width = ckpt.shape(head)[1]
@@ -210,14 +215,15 @@ def check_tied(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
     if rank == 0:
         return [Finding("info", "tied head", "lm_head equals the input embeddings (stored twice)", detail)]
     if was_tied or rank <= LOW_RANK * width:
-        why = "the key records that the base model tied them" if was_tied else "their difference has low rank"
+        why = "the key records an untied export of a tied model" if was_tied else "their difference has low rank"
         return [
             Finding(
                 "high",
                 "tied head",
                 f"lm_head was tied to the input embeddings before watermarking ({why}): the released "
                 "input embeddings are the original unembedding, so U~ - E exposes the offset and the "
-                "watermark can be subtracted; this release is not removal-resistant (use an untied base)",
+                "watermark can be subtracted; this release is not removal-resistant (re-export with "
+                "--tied-head retie, the default)",
                 detail,
             )
         ]
@@ -287,7 +293,37 @@ def check_base(ckpt: Checkpoint, base: Checkpoint, base_name: str) -> list[Findi
                     [f"numerical rank of the difference: {rank} of {width}"],
                 )
             )
+    findings += _copies_of_base(ckpt, base, base_name)
     findings += _other_differences(ckpt, base, base_name, {ours, theirs, ckpt.head_name()})
+    return findings
+
+
+def _copies_of_base(ckpt: Checkpoint, base: Checkpoint, base_name: str) -> list[Finding]:
+    """High for every release tensor equal to the base's unembedding U (a copy of U).
+
+    U is the base's lm_head, and also its input embeddings when the base ties them (an untied
+    base's input embeddings are not U, and a release keeps them as they are).
+    """
+    names = {base.unembedding()}
+    if base.head_name() is None or base.config.get("tie_word_embeddings"):
+        names.add(base.embed_name())
+    originals = {n: base.tensor(n) for n in names - {None}}
+    findings = []
+    for name in sorted(ckpt.index):
+        if ckpt.shape(name) not in {tuple(t.shape) for t in originals.values()}:
+            continue
+        tensor = ckpt.tensor(name)
+        same = sorted(b for b, t in originals.items() if _same(tensor, t))
+        if same:
+            findings.append(
+                Finding(
+                    "high",
+                    "copy of U",
+                    f"{name} equals {base_name}'s {' and '.join(same)}: the release holds the original "
+                    "unembedding U, so U~ - U exposes the watermark (for a tied model, export with "
+                    "--tied-head retie, the default)",
+                )
+            )
     return findings
 
 

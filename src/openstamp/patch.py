@@ -1,11 +1,15 @@
-"""Write the offset into a model's lm_head, take it out again, and fingerprint heads.
+"""Write the offset into a model's unembedding, take it out again, and fingerprint heads.
 
-One of the few modules that touch a ``PreTrainedModel``. Tied weights are checked
-(and untied) before any weight is patched, so the input embeddings stay bit-identical.
+One of the few modules that touch a ``PreTrainedModel``. Tied weights are checked before
+any weight is patched. A tied model is kept tied by default (``retie``): lm_head and the
+input embeddings stay one tensor holding ``U~ = U + dW``, so the release holds no copy of
+``U``. ``untie`` gives lm_head its own copy and leaves the input embeddings (= ``U``) alone,
+which leaks the offset; it exists for comparison and for backbones that must stay unchanged.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
@@ -19,16 +23,18 @@ from openstamp.key.key import KeyMismatchError, WatermarkKey
 log = logging.getLogger(__name__)
 
 FINGERPRINT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TIED_HEAD_MODES = ("retie", "untie")
 TIED_WARNING = (
-    "this model ties lm_head to its input embeddings: the released checkpoint's input embeddings "
-    "are the original unembedding U, so anyone can compute U~ - U and subtract the watermark. "
-    "Prefer an untied model, or accept that this release is not removal-resistant."
+    "this model ties lm_head to its input embeddings and was exported with --tied-head untie: the "
+    "released checkpoint's input embeddings are the original unembedding U, so anyone can compute "
+    "U~ - U and subtract the watermark. The default (--tied-head retie) does not leak U."
 )
+FORCE_HINT = "pass --force (DetectConfig(check_key=False)) to score anyway"
 
 
 @functools.cache
 def _warn_tied_once() -> None:
-    """Log the tied-head warning once per process (attacks and sweeps patch many copies of one model)."""
+    """Log the untie warning once per process (attacks and sweeps patch many copies of one model)."""
     log.warning(TIED_WARNING)
 
 
@@ -37,7 +43,11 @@ class PatchState:
     """What ``apply_watermark`` changed, so ``revert_watermark`` can undo it exactly."""
 
     original: torch.Tensor
-    was_tied: bool
+    mode: str  # retie, untie or untied-base
+
+    @property
+    def was_tied(self) -> bool:
+        return self.mode != "untied-base"
 
 
 def head(model: PreTrainedModel) -> torch.nn.Module:
@@ -53,17 +63,30 @@ def is_tied(model: PreTrainedModel) -> bool:
     return inp is not None and head(model).weight.data_ptr() == inp.weight.data_ptr()
 
 
+def _set_tied_config(model: PreTrainedModel, tied: bool) -> None:
+    model.config.tie_word_embeddings = tied
+    text_config = model.config.get_text_config()
+    if text_config is not model.config:
+        text_config.tie_word_embeddings = tied
+
+
 def untie(model: PreTrainedModel) -> bool:
     """Give lm_head its own copy of the weight. Returns whether it was tied."""
     if not is_tied(model):
         return False
     out = head(model)
     out.weight = torch.nn.Parameter(out.weight.detach().clone(), requires_grad=out.weight.requires_grad)
-    model.config.tie_word_embeddings = False
-    text_config = model.config.get_text_config()
-    if text_config is not model.config:
-        text_config.tie_word_embeddings = False
+    _set_tied_config(model, False)
     return True
+
+
+def tied_head_mode(key: WatermarkKey) -> str:
+    """How the key's release treats a tied head: ``retie``, ``untie`` or ``untied-base``.
+
+    Keys written before re-tying existed record only ``tied``; those releases were untied.
+    """
+    model = key.meta.get("model", {})
+    return model.get("tied_head") or ("untie" if model.get("tied") else "untied-base")
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
@@ -93,48 +116,94 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 @torch.no_grad()
-def apply_watermark(model: PreTrainedModel, key: WatermarkKey) -> PatchState:
-    """Untie if needed, then set lm_head to U + dW (dW in fp32, cast to the model's dtype)."""
+def apply_watermark(
+    model: PreTrainedModel, key: WatermarkKey, tied_head: str = "retie", *, source: str | None = None
+) -> PatchState:
+    """Set the unembedding to U + dW (dW in fp32, cast to the model's dtype) and fingerprint it.
+
+    ``tied_head`` matters only when lm_head is tied to the input embeddings: ``retie`` (the
+    default) writes U~ into the one shared tensor; ``untie`` gives lm_head its own copy first
+    (the input embeddings stay U, which leaks the offset). The model's identity, the mode and
+    the sha256 of the original and watermarked heads go into ``key.meta`` unless the key
+    already holds them; a key that records another original head is refused.
+    """
+    if tied_head not in TIED_HEAD_MODES:
+        raise ValueError(f"tied_head must be one of {TIED_HEAD_MODES}, not {tied_head!r}")
     weight = head(model).weight
     if tuple(weight.shape) != (key.vocab_size, key.hidden_size):
         raise KeyMismatchError(
             f"key is for an unembedding of shape ({key.vocab_size}, {key.hidden_size}); "
             f"this model's lm_head is {tuple(weight.shape)}"
         )
-    recorded = key.meta.get("fingerprint", {}).get("watermarked", {})
-    if hasattr(model, "_openstamp_patch") or recorded.get(dtype_name(weight.dtype)) == tensor_sha256(weight):
+    recorded, digest = _own_fingerprint(key), tensor_sha256(weight)
+    if hasattr(model, "_openstamp_patch") or recorded.get("watermarked", {}).get(dtype_name(weight.dtype)) == digest:
         raise ValueError("this model already carries this OpenStamp watermark; revert it first")
-    was_tied = untie(model)
-    if was_tied:
+    if recorded.get("original", {}).get(dtype_name(weight.dtype), digest) != digest:
+        raise KeyMismatchError(f"key {key.key_id} records another original lm_head than this model's")
+    mode = tied_head if is_tied(model) else "untied-base"
+    if mode == "untie":
+        untie(model)
         _warn_tied_once()
-    weight = head(model).weight
-    state = PatchState(original=weight.detach().clone(), was_tied=was_tied)
-    delta = key.delta_w().to(weight.device)
-    weight.copy_((weight.float() + delta).to(weight.dtype))
+    weight = head(model).weight  # retie: still the tensor the input embeddings share
+    state = PatchState(original=weight.detach().clone(), mode=mode)
+    weight.copy_((weight.float() + key.delta_w().to(weight.device)).to(weight.dtype))
     model._openstamp_patch = state
+    if not recorded:
+        _record(key, model, state, source or getattr(model.config, "name_or_path", "") or "unknown")
     return state
+
+
+def _own_fingerprint(key: WatermarkKey) -> dict:
+    """The key's fingerprint record if it was made with this very key (same key id), else {}.
+
+    Keys derived with another ``delta`` (``dataclasses.replace``) carry their parent's record;
+    its watermarked digest is not theirs, so they record their own.
+    """
+    made_with = key.meta.get("model", {}).get("key_id")
+    return (key.meta.get("fingerprint") or {}) if made_with == key.key_id else {}
+
+
+def _record(key: WatermarkKey, model: PreTrainedModel, state: PatchState, source: str) -> None:
+    """Store the model's identity, the tied-head mode and both heads' sha256 in the key (new dicts)."""
+    weight = head(model).weight
+    key.meta["model"] = {
+        "source": str(source),
+        "architecture": type(model).__name__,
+        "vocab_size": key.vocab_size,
+        "hidden_size": key.hidden_size,
+        "dtype": dtype_name(weight.dtype),
+        "tied": state.was_tied,
+        "tied_head": state.mode,
+        "key_id": key.key_id,  # the fingerprints below are of this key's dW
+    }
+    key.meta["fingerprint"] = {
+        "original": head_digests(state.original),
+        "watermarked": head_digests(weight),
+    }
+    key.meta["warnings"] = [TIED_WARNING] if state.mode == "untie" else []
 
 
 @torch.no_grad()
 def revert_watermark(model: PreTrainedModel, key: WatermarkKey, base: PreTrainedModel | None = None) -> str:
-    """Restore the original lm_head. Returns how: ``exact`` or ``subtracted``.
+    """Restore the original unembedding. Returns how: ``exact`` or ``subtracted``.
 
-    Exact when this process applied the watermark, when a ``base`` model is given,
-    or when the key records a tied model (the input embeddings are the original U).
-    Otherwise U = U~ - dW, exact up to one fp32 rounding per weight.
+    Exact when this process applied the watermark, when a ``base`` model is given, or for an
+    ``untie`` release (its input embeddings are the original U). Otherwise (a re-tied or an
+    untied-base release) U = U~ - dW, exact up to one fp32 rounding per weight; for a re-tied
+    release this restores the input embeddings too, since they are the same tensor.
     """
     weight = head(model).weight
     state: PatchState | None = getattr(model, "_openstamp_patch", None)
     if state is not None:
         weight.copy_(state.original)
         del model._openstamp_patch
-        if state.was_tied:
+        if state.mode == "untie":
             _retie(model)
         return "exact"
     if base is not None:
         weight.copy_(head(base).weight.to(weight.dtype))
         return "exact"
-    if key.meta.get("model", {}).get("tied"):
+    if tied_head_mode(key) == "untie":
         weight.copy_(model.get_input_embeddings().weight)
         _retie(model)
         return "exact"
@@ -143,11 +212,21 @@ def revert_watermark(model: PreTrainedModel, key: WatermarkKey, base: PreTrained
 
 
 def _retie(model: PreTrainedModel) -> None:
-    model.config.tie_word_embeddings = True
-    text_config = model.config.get_text_config()
-    if text_config is not model.config:
-        text_config.tie_word_embeddings = True
+    _set_tied_config(model, True)
     head(model).weight = model.get_input_embeddings().weight
+
+
+def watermarked_copy(model: PreTrainedModel, key: WatermarkKey) -> PreTrainedModel:
+    """A deep copy of the original ``model`` with the key's watermark applied in the key's mode.
+
+    For a re-tied release the backbone's input embeddings are U~ too, so only this copy gives
+    the release's hidden states; ``model`` itself is left untouched (costs one model's memory).
+    """
+    patched = copy.deepcopy(model)
+    mode = tied_head_mode(key)
+    apply_watermark(patched, key, "untie" if mode == "untie" else "retie")
+    del patched._openstamp_patch  # never reverted: drop the clone of U
+    return patched
 
 
 def check_key(model: PreTrainedModel, key: WatermarkKey) -> str:
@@ -156,16 +235,22 @@ def check_key(model: PreTrainedModel, key: WatermarkKey) -> str:
     if tuple(weight.shape) != (key.vocab_size, key.hidden_size):
         raise KeyMismatchError(
             f"wrong key for this model: the key was made for an lm_head of shape "
-            f"({key.vocab_size}, {key.hidden_size}), this model's is {tuple(weight.shape)}"
+            f"({key.vocab_size}, {key.hidden_size}), this model's is {tuple(weight.shape)}; {FORCE_HINT}"
         )
     recorded = key.meta.get("fingerprint", {})
+    if not recorded.get("original"):
+        raise KeyMismatchError(
+            f"key {key.key_id} records no model fingerprint (apply_watermark records it); {FORCE_HINT}"
+        )
     digest = tensor_sha256(weight)
-    for which in ("watermarked", "original"):
+    # a key derived with another delta carries its parent's record: only the original head still fits
+    inherited = key.meta.get("model", {}).get("key_id") not in (None, key.key_id)
+    for which in ("original",) if inherited else ("watermarked", "original"):
         if recorded.get(which, {}).get(dtype_name(weight.dtype)) == digest:
             return which
     raise KeyMismatchError(
         f"wrong key for this model: key {key.key_id} was made for a model whose lm_head has sha256 "
         f"{recorded.get('watermarked', {}).get('float32', '?')[:12]}... (watermarked) or "
         f"{recorded.get('original', {}).get('float32', '?')[:12]}... (original); this model's "
-        f"{dtype_name(weight.dtype)} lm_head is {digest[:12]}..."
+        f"{dtype_name(weight.dtype)} lm_head is {digest[:12]}...; {FORCE_HINT}"
     )

@@ -27,7 +27,7 @@ from openstamp.key.projection import train_projection
 from openstamp.key.selector import fit_selector
 from openstamp.models import load_model, model_device
 from openstamp.monitor import StageMonitor
-from openstamp.patch import TIED_WARNING, apply_watermark, head, head_digests, is_tied
+from openstamp.patch import TIED_HEAD_MODES, apply_watermark, head
 from openstamp.storage import atomic_directory, check_can_write
 from openstamp.text import never_green_ids
 
@@ -162,23 +162,6 @@ def build_key(
     return key
 
 
-def record_model(key: WatermarkKey, model: PreTrainedModel, source: str, original: torch.Tensor, tied: bool) -> None:
-    """Store the model's identity and the sha256 of its original and watermarked heads in the key."""
-    key.meta["model"] = {
-        "source": source,
-        "architecture": type(model).__name__,
-        "vocab_size": key.vocab_size,
-        "hidden_size": key.hidden_size,
-        "dtype": str(head(model).weight.dtype).removeprefix("torch."),
-        "tied": tied,
-    }
-    key.meta["fingerprint"] = {
-        "original": head_digests(original),
-        "watermarked": head_digests(head(model).weight),
-    }
-    key.meta["warnings"] = [TIED_WARNING] if tied else []
-
-
 @dataclass
 class EmbedResult:
     key: WatermarkKey
@@ -204,21 +187,24 @@ def embed(
     progress: bool = True,
     device_map: str | None = None,
     states_dir: str | os.PathLike | None = None,
+    tied_head: str = "retie",
 ) -> EmbedResult:
     """Build a key on ``corpus_spec``, watermark ``model_spec``, and write both atomically.
 
+    ``tied_head`` applies to models whose lm_head is tied to the input embeddings: ``retie``
+    (default) keeps one shared tensor holding U~, so the checkpoint has the base's size and
+    config and no copy of U; ``untie`` keeps the input embeddings at U (leaks the offset).
     The key is written first: a checkpoint must never exist without its key.
     """
+    if tied_head not in TIED_HEAD_MODES:
+        raise ValueError(f"tied_head must be one of {', '.join(TIED_HEAD_MODES)}, not {tied_head!r}")
     check_can_write(out, overwrite)
     check_can_write(key_dir, overwrite)
     documents = split_documents(load_documents(corpus_spec), corpus_part)
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device, cache_dir=cache_dir, device_map=device_map)
     key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress, states_dir=states_dir)
     key.meta["corpus"] = {"spec": corpus_spec, "part": corpus_part, **fingerprint(documents)}
-    tied = is_tied(model)
-    original = head(model).weight.detach().clone()
-    apply_watermark(model, key)
-    record_model(key, model, model_spec, original, tied)
+    apply_watermark(model, key, tied_head, source=model_spec)
     key.save(key_dir, overwrite=overwrite)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)

@@ -39,7 +39,8 @@ def calibrate(
     """Score held-out human text, store LLR thresholds for target false-positive rates, check the p-values."""
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
-    from openstamp.detect.calibrate import calibration_record, qq_plot, reference_texts, store_calibration
+    from openstamp.detect.calibrate import calibration_record, reference_texts, store_calibration
+    from openstamp.evaluation.report import qq_plot
     from openstamp.storage import atomic_write_json
     from openstamp.watermark import versions
 

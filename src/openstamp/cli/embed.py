@@ -74,6 +74,12 @@ def embed(
     dtype: str = DtypeOption,
     device: str = DeviceOption,
     cache_dir: Path | None = CacheOption,
+    tied_head: str = typer.Option(
+        "retie",
+        help="for a model whose lm_head is tied to its input embeddings: 'retie' writes U~ into the one "
+        "shared tensor (same size and config as the base, no copy of U); 'untie' keeps the input embeddings "
+        "at U, which lets anyone subtract the watermark. No effect on an untied model",
+    ),
     overwrite: bool = typer.Option(False, help="replace existing output directories"),
     quiet: bool = typer.Option(False, help="no progress bars"),
     device_map: str | None = typer.Option(
@@ -83,7 +89,7 @@ def embed(
         None, help="write hidden states here in shards and fit the selector by streaming (large models)"
     ),
 ) -> None:
-    """Build a watermark key on a corpus and write it into a model's lm_head."""
+    """Build a watermark key on a corpus and write it into a model's unembedding."""
     from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
@@ -116,6 +122,7 @@ def embed(
         progress=not quiet,
         device_map=device_map,
         states_dir=states_dir,
+        tied_head=tied_head,
     )
     print_summary(result.key, result.model_dir, result.key_dir)
 
@@ -126,7 +133,8 @@ def print_summary(key, model_dir: Path, key_dir: Path) -> None:
     table = Table(title="OpenStamp key", show_header=False)
     table.add_row("key id", key.key_id)
     model = key.meta["model"]
-    table.add_row("model", f"{model['source']} ({model['architecture']}, tied={model['tied']})")
+    tied = model.get("tied_head", "untie" if model["tied"] else "untied-base")
+    table.add_row("model", f"{model['source']} ({model['architecture']}, tied head: {tied})")
     table.add_row("corpus", f"{key.meta['corpus']['spec']} ({key.meta['corpus']['n_documents']} documents)")
     table.add_row(
         "states",

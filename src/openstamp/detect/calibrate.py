@@ -8,7 +8,8 @@ Two ways to turn a score into a decision, with different assumptions:
   the reference corpus (the raw LLR's null shifts with the source, with delta and with L).
 
 ``openstamp calibrate`` scores held-out reference text, stores LLR thresholds for target
-false-positive rates in the key, and reports how the p-values behave on that text.
+false-positive rates in the key, and reports how the p-values behave on that text (its QQ
+plot is drawn by ``openstamp.evaluation.report.qq_plot``, with the other plots).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from openstamp.evaluation.metrics import threshold_at_fpr
 from openstamp.key.key import WatermarkKey
+from openstamp.stats import threshold_at_fpr
 from openstamp.storage import atomic_write_json, read_json
 
 DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
@@ -54,33 +55,6 @@ def store_calibration(key_dir: str | os.PathLike, record: dict[str, Any]) -> Non
     header = read_json(path, "key file")
     header["calibration"] = record
     atomic_write_json(path, header)
-
-
-def qq_plot(p_values: np.ndarray, path: str | os.PathLike, title: str) -> Path:
-    """QQ plot of p-values against Uniform(0, 1), plus their histogram, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    p = np.sort(np.asarray(p_values, dtype=np.float64))
-    expected = (np.arange(1, len(p) + 1)) / (len(p) + 1)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
-    ax1.plot(expected, p, ".", ms=3, label="observed")
-    ax1.plot([0, 1], [0, 1], "k--", lw=1, label="uniform")
-    ax1.set(xlabel="expected p (uniform)", ylabel="observed p", title="QQ plot")
-    ax1.legend()
-    ax2.hist(p, bins=20, range=(0, 1), color="tab:blue", alpha=0.8)
-    ax2.axhline(len(p) / 20, color="k", ls="--", lw=1)
-    ax2.set(xlabel="p-value", ylabel="texts", title="histogram")
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
 
 
 def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude: set[str]) -> list[str]:

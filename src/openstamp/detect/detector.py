@@ -23,7 +23,7 @@ from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
 from openstamp.models import model_device
-from openstamp.patch import check_key, head
+from openstamp.patch import check_key, head, tied_head_mode, watermarked_copy
 from openstamp.text import bos_prefix
 
 PERMUTATION_TEST = "permutation test of the centred LLR over list assignments (K={k})"
@@ -48,7 +48,9 @@ class Detector:
 
     Args:
         model: the watermarked checkpoint, or the original base model; the key's fingerprint
-            tells which, and the other head is derived as U~ = U + dW or U = U~ - dW.
+            tells which, and the other head is derived as U~ = U + dW or U = U~ - dW. For a
+            re-tied key the original model is watermarked on a copy, since the release's
+            backbone (its input embeddings) differs from the original's too.
         tokenizer: the model's tokenizer.
         key: the private key.
         config: thresholds, limits and batching.
@@ -61,9 +63,12 @@ class Detector:
         key: WatermarkKey,
         config: DetectConfig | None = None,
     ) -> None:
-        self.model, self.tokenizer, self.key = model, tokenizer, key
         self.config = config or DetectConfig()
-        self.head_is_watermarked = (check_key(model, key) if self.config.check_key else "watermarked") == "watermarked"
+        which = check_key(model, key) if self.config.check_key else "watermarked"
+        if which == "original" and tied_head_mode(key) == "retie":  # the release's embeddings are U~ too
+            model, which = watermarked_copy(model, key), "watermarked"  # the caller's model stays as it is
+        self.model, self.tokenizer, self.key = model, tokenizer, key
+        self.head_is_watermarked = which == "watermarked"
         self.weight = head(model).weight.detach()
         self.bias = getattr(head(model), "bias", None)
         self.device = model_device(model)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import rankdata
 
+from openstamp.stats import threshold_at_fpr  # noqa: F401  (re-exported: TPR@FPR's threshold)
+
 HIGHER_IS_BETTER = {"auroc": True, "tpr": True, "ppl": False, "seq_rep_3": False}
 
 
@@ -19,15 +21,6 @@ def auroc(positives, negatives) -> float:
     ranks = rankdata(np.concatenate([pos, neg]))  # average ranks handle ties
     u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2
     return float(u / (len(pos) * len(neg)))
-
-
-def threshold_at_fpr(negatives, fpr: float) -> float:
-    """Smallest threshold tau such that at most a fraction ``fpr`` of negatives score above tau."""
-    neg = np.sort(np.asarray(negatives, dtype=np.float64))
-    if len(neg) == 0:
-        raise ValueError("no negative scores to choose a threshold on")
-    allowed = int(np.floor(fpr * len(neg)))  # negatives allowed strictly above tau
-    return float(neg[len(neg) - allowed - 1])
 
 
 def tpr_at_fpr(positives, negatives, fpr: float) -> dict:

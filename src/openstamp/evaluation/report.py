@@ -209,3 +209,26 @@ def _save(fig, path: Path) -> str:
     plt.close(fig)
     tmp.replace(path)
     return path.name
+
+
+def qq_plot(p_values: np.ndarray, path: str | Path, title: str) -> Path:
+    """QQ plot of p-values against Uniform(0, 1), plus their histogram, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = np.sort(np.asarray(p_values, dtype=np.float64))
+    expected = (np.arange(1, len(p) + 1)) / (len(p) + 1)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    ax1.plot(expected, p, ".", ms=3, label="observed")
+    ax1.plot([0, 1], [0, 1], "k--", lw=1, label="uniform")
+    ax1.set(xlabel="expected p (uniform)", ylabel="observed p", title="QQ plot")
+    ax1.legend()
+    ax2.hist(p, bins=20, range=(0, 1), color="tab:blue", alpha=0.8)
+    ax2.axhline(len(p) / 20, color="k", ls="--", lw=1)
+    ax2.set(xlabel="p-value", ylabel="texts", title="histogram")
+    fig.suptitle(title)
+    path = Path(path)
+    _save(fig, path)
+    return path

@@ -12,6 +12,7 @@ Pure tensor code: nothing here touches a ``PreTrainedModel``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,7 +27,9 @@ from openstamp.errors import InvalidKeyError, KeyMismatchError  # noqa: F401  (r
 from openstamp.key.prf import PRF_VERSION, green_lists
 from openstamp.storage import atomic_directory, atomic_write_json, read_json
 
-KEY_FORMAT = 1
+KEY_FORMAT = 2  # 2: key_id covers the header's numbers, and a checksum covers the model record
+READS_FORMATS = (1, 2)
+REQUIRED = ("format", "key_id", "prf_version", "gamma", "delta", "n_lists", "hidden_size", "vocab_size")
 
 
 @dataclass(eq=False)
@@ -71,12 +74,39 @@ class WatermarkKey:
 
     @cached_property
     def key_id(self) -> str:
-        """A public identifier: a hash of the secret and the factors (reveals neither)."""
-        digest = hashlib.sha256(b"openstamp/key-id/v1" + self.secret)
+        """A public identifier: a hash of the secret, the factors and every number that shapes dW.
+
+        It reveals none of them. Editing ``gamma``, ``delta``, ``vocab_size`` or ``never_green``
+        in key.json changes it, so ``load`` refuses the edit; a key derived in memory with
+        ``dataclasses.replace(key, delta=...)`` gets its own id.
+        """
+        numbers = {
+            "gamma": self.gamma,
+            "delta": self.delta,
+            "vocab_size": self.vocab_size,
+            "n_lists": self.n_lists,
+            "hidden_size": self.hidden_size,
+            "never_green": sorted(self.never_green),
+        }
+        digest = self._factor_digest(b"openstamp/key-id/v2")
+        digest.update(json.dumps(numbers, sort_keys=True).encode())
+        return digest.hexdigest()[:16]
+
+    def _factor_digest(self, tag: bytes):
+        digest = hashlib.sha256(tag + self.secret)
         digest.update(self.selector.numpy().tobytes())
         if self.projection is not None:
             digest.update(self.projection.numpy().tobytes())
-        return digest.hexdigest()[:16]
+        return digest
+
+    def _legacy_key_id(self) -> str:
+        """Format 1's id: the secret and the factors only."""
+        return self._factor_digest(b"openstamp/key-id/v1").hexdigest()[:16]
+
+    def checksum(self) -> str:
+        """sha256 of the key id and the model record (source, tied-head mode, fingerprints)."""
+        record = {k: self.meta.get(k) for k in ("model", "fingerprint")}
+        return hashlib.sha256(json.dumps([self.key_id, record], sort_keys=True).encode()).hexdigest()
 
     @cached_property
     def green(self) -> torch.Tensor:
@@ -140,39 +170,61 @@ class WatermarkKey:
             "projection": self.projection is not None,
             "never_green": self.never_green,
             **self.meta,
+            "checksum": self.checksum(),
         }
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> WatermarkKey:
-        """Read a key directory, with a clear error for anything missing or corrupt."""
+        """Read a key directory; anything missing, corrupt or edited raises a one-line InvalidKeyError."""
         directory = Path(directory)
         if not directory.is_dir():
             raise InvalidKeyError(f"key directory {directory} does not exist")
         for name in ("key.json", "key.safetensors", "secret"):
             if not (directory / name).exists():
                 raise InvalidKeyError(f"key directory {directory} has no {name}; is this an OpenStamp key?")
-        header = read_json(directory / "key.json", "key file")
-        if header.get("format") != KEY_FORMAT or header.get("prf_version") != PRF_VERSION:
+        try:
+            header = read_json(directory / "key.json", "key file")
+        except ValueError as err:
+            raise InvalidKeyError(str(err).splitlines()[0]) from err
+        if not isinstance(header, dict):
+            raise InvalidKeyError(f"{directory / 'key.json'} is not a JSON object")
+        fmt = header.get("format")
+        if fmt not in READS_FORMATS or header.get("prf_version") != PRF_VERSION:
             raise InvalidKeyError(
-                f"key {directory} has format {header.get('format')} / PRF {header.get('prf_version')}; "
-                f"this version of OpenStamp reads format {KEY_FORMAT} / {PRF_VERSION}"
+                f"key {directory} has format {fmt} / PRF {header.get('prf_version')}; "
+                f"this version of OpenStamp reads formats {READS_FORMATS} / {PRF_VERSION}"
             )
+        missing = [name for name in (*REQUIRED, *(("checksum",) if fmt >= 2 else ())) if name not in header]
+        if missing:
+            raise InvalidKeyError(f"{directory / 'key.json'} lacks {', '.join(missing)}")
         try:
             tensors = load_file(str(directory / "key.safetensors"))
         except (SafetensorError, OSError) as err:
             raise InvalidKeyError(f"{directory / 'key.safetensors'} is corrupt: {err}") from err
-        fixed = {"format", "key_id", "prf_version", "gamma", "delta", "n_lists", "hidden_size", "vocab_size"}
-        meta = {k: v for k, v in header.items() if k not in fixed | {"projection", "never_green"}}
-        key = cls(
-            secret=(directory / "secret").read_bytes(),
-            selector=tensors["selector"],
-            projection=tensors.get("projection"),
-            gamma=float(header["gamma"]),
-            delta=float(header["delta"]),
-            vocab_size=int(header["vocab_size"]),
-            never_green=list(header.get("never_green", [])),
-            meta=meta,
-        )
-        if key.key_id != header["key_id"]:
-            raise InvalidKeyError(f"key {directory}: the secret or factors do not match key.json (key id differs)")
+        if "selector" not in tensors or (header.get("projection") and "projection" not in tensors):
+            what = "selector" if "selector" not in tensors else "projection"
+            raise InvalidKeyError(f"{directory / 'key.safetensors'} lacks the {what} tensor")
+        meta = {k: v for k, v in header.items() if k not in {*REQUIRED, "projection", "never_green", "checksum"}}
+        try:
+            key = cls(
+                secret=(directory / "secret").read_bytes(),
+                selector=tensors["selector"],
+                projection=tensors.get("projection"),
+                gamma=float(header["gamma"]),
+                delta=float(header["delta"]),
+                vocab_size=int(header["vocab_size"]),
+                never_green=[int(t) for t in header.get("never_green", [])],
+                meta=meta,
+            )
+            shape_ok = (key.n_lists, key.hidden_size) == (int(header["n_lists"]), int(header["hidden_size"]))
+        except (TypeError, ValueError) as err:
+            raise InvalidKeyError(f"key {directory} is corrupt: {str(err).splitlines()[0]}") from err
+        expected = key.key_id if fmt >= 2 else key._legacy_key_id()
+        if not shape_ok or expected != header["key_id"]:
+            raise InvalidKeyError(
+                f"key {directory}: key.json does not match the secret and factors (key id differs; "
+                "were gamma, delta, vocab_size, never_green or a tensor edited?)"
+            )
+        if fmt >= 2 and key.checksum() != header["checksum"]:
+            raise InvalidKeyError(f"key {directory}: the model record or fingerprints in key.json were edited")
         return key

@@ -12,8 +12,8 @@ from openstamp.detect import Detector
 from openstamp.hidden import States, collect_states
 from openstamp.key.key import WatermarkKey
 from openstamp.methods.base import MethodScore, WatermarkMethod, register
-from openstamp.patch import apply_watermark, head, is_tied, revert_watermark
-from openstamp.watermark import build_key, record_model
+from openstamp.patch import apply_watermark, revert_watermark
+from openstamp.watermark import build_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,9 +74,7 @@ class OpenStamp(WatermarkMethod):
         self.key = dataclasses.replace(other.key, delta=self.config.delta, meta=dict(other.key.meta))
 
     def apply(self, model) -> None:
-        original, tied = head(model).weight.detach().clone(), is_tied(model)
-        apply_watermark(model, self.key)
-        record_model(self.key, model, model.config.name_or_path, original, tied)
+        apply_watermark(model, self.key)  # a tied model is re-tied: its input embeddings hold U~ too
 
     def revert(self, model) -> None:
         revert_watermark(model, self.key)
