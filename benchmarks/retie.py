@@ -109,13 +109,25 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=50)
     parser.add_argument("--new-tokens", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse", action="store_true", help="measure the releases already in runs/retie again")
+    parser.add_argument(
+        "--fpr-texts",
+        type=Path,
+        default=Path("runs/fpr/texts"),
+        help="unwatermarked texts of benchmarks/fpr_per_key.py: the re-tied key's false-positive rate on them",
+    )
+    parser.add_argument("--fpr-n", type=int, default=500, help="texts per source for that check")
     args = parser.parse_args()
     base, tokenizer = load_model(args.model)
     documents = split_documents(load_documents(args.corpus), "key")
+    reuse = args.reuse and all((RUNS / m / "key" / "key.json").exists() for m in ("untie", "retie"))
     start = time.perf_counter()
-    key: WatermarkKey = build_key(base, tokenizer, documents, load_profile(args.profile), secret=b"openstamp/retie" * 2)
-    key.meta["corpus"] = {"spec": args.corpus, "part": "key", **fingerprint(documents)}
-    key_s = time.perf_counter() - start
+    if reuse:
+        key = WatermarkKey.load(RUNS / "retie" / "key")
+    else:
+        key = build_key(base, tokenizer, documents, load_profile(args.profile), secret=b"openstamp/retie" * 2)
+        key.meta["corpus"] = {"spec": args.corpus, "part": "key", **fingerprint(documents)}
+    key_s = sum(key.meta["stats"]["timings_s"].values()) if reuse else time.perf_counter() - start
     exclude = {d["sha256"] for d in key.meta["corpus"].get("documents", [])}
     texts = heldout_texts(exclude)
     ppl_windows = windows(tokenizer, texts, args.ppl_windows, args.ppl_tokens)
@@ -127,7 +139,7 @@ def main() -> None:
     print(f"original: perplexity {results['original']['perplexity']['ppl']:.1f}", flush=True)
     del base
     for mode in ("untie", "retie"):
-        model_dir, key_dir = release(args.model, key, mode)
+        model_dir, key_dir = (RUNS / mode / "model", RUNS / mode / "key") if reuse else release(args.model, key, mode)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # plain transformers
         mode_key = WatermarkKey.load(key_dir)
         ppl = perplexity(model, tokenizer, ppl_windows)
@@ -150,6 +162,9 @@ def main() -> None:
             "audit_high": [f.message for f in findings if f.severity == "high"],
             "path": str(model_dir),
         }
+        if mode == "retie" and args.fpr_texts.exists():
+            r = results[mode]
+            r["unwatermarked"] = unwatermarked_fpr(detector, args.fpr_texts, args.fpr_n)
         r = results[mode]
         print(
             f"{mode}: perplexity {ppl['ppl']:.1f}; flagged at p <= 0.01: completions {r['flagged_completions']:.0%}, "
@@ -185,11 +200,41 @@ def main() -> None:
         f"untie {u:.1f}, retie {t:.1f}"
     )
     for mode in ("untie", "retie"):
+        if mode == "retie" and args.fpr_texts.exists():
+            r = results[mode]
+            r["unwatermarked"] = unwatermarked_fpr(detector, args.fpr_texts, args.fpr_n)
         r = results[mode]
         print(
             f"{mode}: {args.n} completions flagged {r['flagged_completions']:.0%}, "
             f"{args.n} human texts flagged {r['flagged_human']:.0%} (p <= 0.01)"
         )
+
+
+def unwatermarked_fpr(detector, texts: Path, n: int) -> dict:
+    """Flagged fractions at p <= 0.01 and 0.001 on the public base model's samples and human text."""
+    from fpr_scoring import clopper_pearson
+
+    from openstamp.storage import read_json
+
+    out = {}
+    for source in ("base_pure", "human"):
+        files = [texts / "human.json"] if source == "human" else sorted((texts / source).glob("b*.json"))
+        sample = [t for f in files for t in read_json(f, "texts")][:n]
+        p = [r.p_value for r in detector.detect(sample) if r.p_value is not None]
+        out[source] = {
+            "n": len(p),
+            **{
+                f"fpr_at_{a:g}": {
+                    "rate": sum(x <= a for x in p) / len(p),
+                    "ci95": clopper_pearson(sum(x <= a for x in p), len(p)),
+                }
+                for a in (0.01, 0.001)
+            },
+        }
+        print(
+            f"retie key on {source}: flagged at 0.01 {out[source]['fpr_at_0.01']['rate']:.3f} (n {len(p)})", flush=True
+        )
+    return out
 
 
 def _names(file: Path) -> list[str]:

@@ -90,6 +90,19 @@ def retie(r: dict) -> list[str]:
             f"| {label} | {m['perplexity']['ppl']:.1f} | {m['flagged_completions']:.0%} | {m['flagged_human']:.0%} "
             f"| {m['size_mb']:.0f} | {'yes' if copy else 'no'} |"
         )
+    unwm = res["retie"].get("unwatermarked")
+    if unwm:
+        rows += [
+            "",
+            "The re-tied key on unwatermarked text (its released backbone; sources of `fpr_per_key.py`): "
+            + "; ".join(
+                f"{name} (n {u['n']}): flagged {u['fpr_at_0.01']['rate']:.3f} at p <= 0.01 "
+                f"[95% CI {u['fpr_at_0.01']['ci95'][0]:.3f}, {u['fpr_at_0.01']['ci95'][1]:.3f}], "
+                f"{u['fpr_at_0.001']['rate']:.3f} at p <= 0.001"
+                for name, u in unwm.items()
+            )
+            + ".",
+        ]
     return rows
 
 
