@@ -39,7 +39,7 @@ def similarity_correlation(projected: torch.Tensor, targets: torch.Tensor) -> fl
     """Pearson correlation between pairwise cosine similarities in the two spaces (off-diagonal)."""
     a = F.normalize(projected.double(), dim=-1)
     b = F.normalize(targets.double(), dim=-1)
-    mask = ~torch.eye(a.shape[0], dtype=torch.bool)
+    mask = ~torch.eye(a.shape[0], dtype=torch.bool, device=a.device)
     x, y = (a @ a.T)[mask], (b @ b.T)[mask]
     return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
 
@@ -53,9 +53,13 @@ def _batched_kl(P: torch.Tensor, h: torch.Tensor, e: torch.Tensor, cfg: Projecti
 
 
 def train_projection(
-    hidden: torch.Tensor, targets: torch.Tensor, cfg: ProjectionConfig, progress: bool = True
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    cfg: ProjectionConfig,
+    progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """Train P from the identity with AdamW.
+    """Train P from the identity with AdamW, on ``device`` (default: a GPU when one is present).
 
     Args:
         hidden: (N, d) hidden states, fp32.
@@ -71,10 +75,12 @@ def train_projection(
     order = torch.randperm(n, generator=generator)  # only batching order; the key's PRF never uses this
     n_held = max(int(n * cfg.heldout_fraction), min(cfg.batch_size, n // 2))
     held, train = order[:n_held], order[n_held:]
-    h, e = hidden.float(), targets.float()
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    h, e = hidden.float().to(device), targets.float().to(device)
+    held, train = held.to(device), train.to(device)
     eval_cfg = dataclasses.replace(cfg, batch_size=min(cfg.batch_size, n_held))
     batch_size = min(cfg.batch_size, len(train))
-    P = torch.nn.Parameter(torch.eye(h.shape[1]))
+    P = torch.nn.Parameter(torch.eye(h.shape[1], device=device))
     stats = {
         "heldout_kl_identity": _batched_kl(P.detach(), h[held], e[held], eval_cfg),
         "heldout_corr_identity": similarity_correlation(h[held][:512], e[held][:512]),
@@ -83,7 +89,7 @@ def train_projection(
     epoch_losses = []
     bar = tqdm(range(cfg.epochs), desc="training P", disable=not progress, unit="epoch")
     for _ in bar:
-        perm = train[torch.randperm(len(train), generator=generator)]
+        perm = train[torch.randperm(len(train), generator=generator).to(device)]
         total, steps = 0.0, 0
         for i in range(0, len(perm) - batch_size + 1, batch_size):
             idx = perm[i : i + batch_size]
@@ -95,6 +101,7 @@ def train_projection(
         epoch_losses.append(total / max(steps, 1))
         bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}")
     P = P.detach().clone()
+    stats.update(device=str(device))
     stats.update(
         heldout_kl=_batched_kl(P, h[held], e[held], eval_cfg),
         heldout_corr=similarity_correlation(h[held][:512] @ P.T, e[held][:512]),
@@ -102,4 +109,4 @@ def train_projection(
         n_train=len(train),
         n_heldout=n_held,
     )
-    return P, stats
+    return P.cpu(), stats
