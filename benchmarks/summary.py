@@ -204,7 +204,9 @@ def evaluation(r: dict) -> list[str]:
         f"prompts of {cfg['prompt_tokens']} tokens (held-out {cfg['corpus']}), {cfg['new_tokens']} new tokens, "
         f"temperature {cfg['temperature']}, top-p {cfg['top_p']}, seed {', '.join(map(str, cfg['seeds']))}; "
         f"negatives are the human continuations; perplexity under `{cfg['oracle']}`. Full report with plots and "
-        "every attack: [`benchmarks/results/eval/report.md`](benchmarks/results/eval/report.md).",
+        "every attack: [`benchmarks/results/eval/report.md`](benchmarks/results/eval/report.md). "
+        f"Measured on {r['created'][:10]}, before tied models were re-tied and m was made exact: OpenStamp's "
+        "releases in this table and the robustness table below were untied, and they have not been re-run since.",
         "",
         *summary_table(r),
         "",
