@@ -200,9 +200,6 @@ def main() -> None:
         f"untie {u:.1f}, retie {t:.1f}"
     )
     for mode in ("untie", "retie"):
-        if mode == "retie" and args.fpr_texts.exists():
-            r = results[mode]
-            r["unwatermarked"] = unwatermarked_fpr(detector, args.fpr_texts, args.fpr_n)
         r = results[mode]
         print(
             f"{mode}: {args.n} completions flagged {r['flagged_completions']:.0%}, "
