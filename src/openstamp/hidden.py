@@ -89,6 +89,20 @@ def final_hidden(
     return out.last_hidden_state
 
 
+def window_batches(model, tokenizer, windows: list, batch_size: int):
+    """Yield each batch of windows with its final hidden states, fp32 on the CPU (B, T, d)."""
+    device, pad = model_device(model), tokenizer.pad_token_id or 0
+    for b in range(0, len(windows), batch_size):
+        batch = windows[b : b + batch_size]
+        width = max(len(w.ids) for w in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, w in enumerate(batch):
+            ids[i, : len(w.ids)] = torch.tensor(w.ids)
+            mask[i, : len(w.ids)] = 1
+        yield batch, final_hidden(model, ids.to(device), mask.to(device)).float().cpu()
+
+
 def collect_states(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -105,18 +119,9 @@ def collect_states(
     hidden = torch.empty(n, model.config.get_text_config().hidden_size, dtype=torch.float32)
     spans: list[list[int]] = []
     document = torch.empty(n, dtype=torch.long)
-    device, pad = model_device(model), tokenizer.pad_token_id or 0
     row = 0
     bar = tqdm(total=n, desc="hidden states", unit="state", disable=not progress)
-    for b in range(0, len(windows), cfg.batch_size):
-        batch = windows[b : b + cfg.batch_size]
-        width = max(len(w.ids) for w in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, w in enumerate(batch):
-            ids[i, : len(w.ids)] = torch.tensor(w.ids)
-            mask[i, : len(w.ids)] = 1
-        h = final_hidden(model, ids.to(device), mask.to(device)).float().cpu()
+    for batch, h in window_batches(model, tokenizer, windows, cfg.batch_size):
         start_row = row
         for i, w in enumerate(batch):
             take = w.positions[: n - row]

@@ -27,9 +27,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from openstamp.config import SelectorConfig, StatesConfig
-from openstamp.hidden import final_hidden, plan_windows
+from openstamp.hidden import plan_windows, window_batches
 from openstamp.key.selector import accuracy
-from openstamp.models import model_device
 
 KMEANS_EPOCHS = 5  # passes of mini-batch k-means over the training states
 CHUNK = 8192  # states per streamed chunk
@@ -96,19 +95,10 @@ def write_state_shards(model, tokenizer, documents, cfg: StatesConfig, directory
     directory.mkdir(parents=True, exist_ok=True)
     windows = plan_windows(tokenizer, documents, cfg)
     n = min(cfg.n_states, len(windows) * cfg.positions_per_window)
-    device, pad = model_device(model), tokenizer.pad_token_id or 0
     counts, row = [], 0
     bar = tqdm(total=n, desc="hidden states (sharded)", unit="state", disable=not progress)
     with (directory / "texts.jsonl").open("w", encoding="utf-8") as texts:
-        for b in range(0, len(windows), cfg.batch_size):
-            batch = windows[b : b + cfg.batch_size]
-            width = max(len(w.ids) for w in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, w in enumerate(batch):
-                ids[i, : len(w.ids)] = torch.tensor(w.ids)
-                mask[i, : len(w.ids)] = 1
-            h = final_hidden(model, ids.to(device), mask.to(device)).float().cpu()
+        for batch, h in window_batches(model, tokenizer, windows, cfg.batch_size):
             rows, docs, spans = [], [], []
             for i, w in enumerate(batch):
                 take = w.positions[: n - row - len(docs)]
