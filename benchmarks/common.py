@@ -68,3 +68,21 @@ def write_result(name: str, data: dict) -> Path:
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def heldout_windows(tokenizer, n: int, prompt_tokens: int, new_tokens: int, exclude: set[str] = frozenset()):
+    """``n`` (prompt ids, human continuation ids) windows from held-out news and Wikipedia, interleaved.
+
+    Documents whose sha256 is in ``exclude`` (those that built a key) are skipped.
+    """
+    from openstamp import load_documents, split_documents
+    from openstamp.text import prompt_windows
+
+    groups = []
+    for spec in ("news", "wikipedia"):
+        docs = [d.text for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]
+        groups.append(prompt_windows(tokenizer, docs, prompt_tokens, new_tokens))
+    mixed = [w for pair in zip(*groups, strict=False) for w in pair] + groups[1][len(groups[0]) :]
+    if len(mixed) < n:
+        raise SystemExit(f"only {len(mixed)} held-out windows of {prompt_tokens}+{new_tokens} tokens; lower --n")
+    return mixed[:n]

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import DEMO, ensure_key, write_result
+from common import DEMO, ensure_key, heldout_windows, write_result
 from transformers import AutoModelForCausalLM
 
-from openstamp import DetectConfig, Detector, WatermarkKey, load_documents, split_documents
+from openstamp import DetectConfig, Detector, WatermarkKey
 from openstamp.evaluation.metrics import auroc, tpr_at_fpr
 from openstamp.generate import sample_completions
 from openstamp.models import load_tokenizer
-from openstamp.text import prompt_windows
 
 DETECTORS = {  # name -> how to read a score from a result (higher = more watermarked)
     "llr": lambda r: r.detectors["llr"],
@@ -33,18 +32,6 @@ DETECTORS = {  # name -> how to read a score from a result (higher = more waterm
     "discrete_llr": lambda r: r.detectors["discrete_llr"],
     "binomial_z": lambda r: r.detectors["binomial_z"],
 }
-
-
-def heldout_windows(tokenizer, key: WatermarkKey, n: int, prompt_tokens: int, new_tokens: int):
-    exclude = {d["sha256"] for d in key.meta.get("corpus", {}).get("documents", [])}
-    groups = []
-    for spec in ("news", "wikipedia"):
-        docs = [d.text for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]
-        groups.append(prompt_windows(tokenizer, docs, prompt_tokens, new_tokens))
-    mixed = [w for pair in zip(*groups, strict=False) for w in pair] + groups[1][len(groups[0]) :]
-    if len(mixed) < n:
-        raise SystemExit(f"only {len(mixed)} held-out windows")
-    return mixed[:n]
 
 
 def evaluate(positives, negatives) -> dict:
@@ -78,7 +65,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(str(args.model))
     key = WatermarkKey.load(args.key)
-    windows = heldout_windows(tokenizer, key, args.n, args.prompt_tokens, args.new_tokens)
+    exclude = {d["sha256"] for d in key.meta.get("corpus", {}).get("documents", [])}
+    windows = heldout_windows(tokenizer, args.n, args.prompt_tokens, args.new_tokens, exclude)
     start = time.perf_counter()
     generated = sample_completions(
         model, tokenizer, [p for p, _ in windows], args.new_tokens, seed=args.seed, batch_size=args.batch

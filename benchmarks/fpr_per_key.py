@@ -27,12 +27,10 @@ import json
 import time
 from pathlib import Path
 
-import torch
+from common import heldout_windows
 
-from openstamp import load_documents, split_documents
 from openstamp.models import load_model
 from openstamp.storage import atomic_write_json, read_json
-from openstamp.text import prompt_windows
 
 SOURCES = {  # name -> (model, temperature, top_p); "human" is the real continuation
     "base_pure": ("smollm2-135m", 1.0, 1.0),
@@ -40,19 +38,6 @@ SOURCES = {  # name -> (model, temperature, top_p); "human" is the real continua
     "human": (None, None, None),
     "gemma3_pure": ("gemma3-270m", 1.0, 1.0),
 }
-
-
-def heldout_prompts(tokenizer, n: int, prompt_tokens: int, new_tokens: int, exclude: set[str]):
-    """``n`` (prompt ids, human continuation ids) windows from held-out news and Wikipedia, interleaved."""
-    groups = []
-    for spec in ("news", "wikipedia"):
-        docs = [d.text for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]
-        groups.append(prompt_windows(tokenizer, docs, prompt_tokens, new_tokens))
-    mixed = [w for pair in zip(*groups, strict=False) for w in pair]
-    mixed += groups[1][len(groups[0]) :]
-    if len(mixed) < n:
-        raise SystemExit(f"only {len(mixed)} held-out windows of {prompt_tokens}+{new_tokens} tokens; lower --n")
-    return mixed[:n]
 
 
 def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None:
@@ -99,7 +84,7 @@ def stage_texts(out: Path, args) -> None:
     _, tokenizer = load_model("smollm2-135m")
     path = out / "texts" / "prompts.json"
     if not path.exists():
-        windows = heldout_prompts(tokenizer, args.n, args.prompt_tokens, args.new_tokens, set())
+        windows = heldout_windows(tokenizer, args.n, args.prompt_tokens, args.new_tokens)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, tokenizer.batch_decode([p for p, _ in windows], skip_special_tokens=True))
         atomic_write_json(
@@ -146,7 +131,6 @@ def main() -> None:
     args.sources = [s for s in args.sources.split(",") if s]
     if unknown := set(args.sources) - set(SOURCES):
         raise SystemExit(f"unknown sources {sorted(unknown)}; choose from {list(SOURCES)}")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stage in ("texts", "all") or not (args.out / "settings.json").exists():
         atomic_write_json(args.out / "settings.json", json.loads(json.dumps(vars(args), default=str)))

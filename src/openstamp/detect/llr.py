@@ -130,8 +130,8 @@ def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, w
     selected = s.argmax(-1)
     lse_wm, lse_orig = _OnlineLSE(n, device), _OnlineLSE(n, device)
     selected_mass = torch.zeros(n, device=device)  # sum of exp(z_orig - max) over the argmax list
-    green_mass = torch.zeros(n, green.shape[1], device=device)  # exact m, unnormalised
     exact = with_null and top_k is None
+    green_mass = torch.zeros(n, green.shape[1], device=device) if exact else None  # exact m, unnormalised
     top_values, top_index = [], []
     for b in range(0, weight.shape[0], block):
         z = F.linear(h, weight[b : b + block], None if bias is None else bias[b : b + block]).float()
