@@ -77,7 +77,9 @@ def main() -> None:
     # rounds interleave the engines, so load from other processes on the machine hits all of them
     walls: dict[str, list[float]] = {"in_process": [], "1": [], "2": []}
     max_diff = max_p_diff = 0.0
+    load_avg = []  # the 1-minute load average as each round starts: other jobs show up here
     for r in range(args.rounds):
+        load_avg.append(os.getloadavg()[0])
         start = time.perf_counter()
         local = [{"id": i, **res.to_dict()} for i, res in enumerate(detector.detect(texts))]
         walls["in_process"].append(time.perf_counter() - start)
@@ -118,6 +120,7 @@ def main() -> None:
             "ray": runs,
             "ray_init_s": init_s,
             "walls_s": walls,
+            "load_avg_1min": load_avg,
             "rounds": args.rounds,
             "overhead_vs_in_process": {w: r["wall_s"] / local_s for w, r in runs.items()},
             "max_abs_score_diff": max_diff,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import torch
 from common import write_result
 
@@ -24,9 +23,8 @@ from openstamp.watermark import split_by_document
 
 
 def fit(z_train, z_held, cfg, intercept: bool) -> dict:
-    km = cluster(z_train, cfg)
-    labels = torch.from_numpy(km.labels_.astype(np.int64))
-    held = torch.from_numpy(km.predict(z_held.numpy()).astype(np.int64))
+    clusters = cluster(z_train, cfg)
+    labels, held = clusters.labels, clusters.predict(z_held)
     sizes = torch.bincount(labels, minlength=cfg.n_lists)
     keep = sizes >= cfg.min_cluster_size
     remap = torch.full((cfg.n_lists,), -1)

@@ -321,6 +321,13 @@ def scale_out() -> list[str]:
             f"the null statistics) is {ray['head_share']:.0%} and the backbone {ray['backbone_per_token_ms']:.2f} ms.",
             "",
         ]
+        walls = "; ".join(
+            f"{'in-process' if k == 'in_process' else k + ' worker(s)'} " + " / ".join(f"{w:.1f}" for w in v)
+            for k, v in ray["walls_s"].items()
+        )
+        loads = ray.get("load_avg_1min")
+        load_text = f" (1-minute load average at each round's start: {', '.join(f'{x:.1f}' for x in loads)})"
+        out += [f"Walls per round, in seconds: {walls}{load_text if loads else ''}.", ""]
     mem = load("key_memory")
     if mem is not None:
         by = {(p["mode"], p["n_states"]): p for p in mem["points"]}

@@ -1,5 +1,7 @@
 """Hidden states written in shards and the selector fitted by streaming over them."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import SMALL_EMBED, make_model
@@ -32,16 +34,17 @@ def test_shards_hold_exactly_the_in_memory_states(tokenizer, docs, tiny_config, 
     assert sorted(seen.tolist()) == list(range(len(index)))
 
 
-def test_streamed_selector_matches_the_in_memory_fit(tokenizer, docs, tiny_config, tmp_path):
+@pytest.mark.parametrize("kmeans", ["sklearn", "torch"])  # torch: the GPU path, run on the CPU
+def test_streamed_selector_matches_the_in_memory_fit(kmeans, tokenizer, docs, tiny_config, tmp_path):
     model = make_model(False, len(tokenizer))
     shards = write_state_shards(model, tokenizer, docs, tiny_config.states, tmp_path, progress=False)
     train, held = split_by_document(shards, 0.1, 0)
-    cfg = tiny_config.selector
+    cfg = dataclasses.replace(tiny_config.selector, kmeans=kmeans)
     S, stats = fit_selector_streaming(shards, train, held, None, cfg)
     hidden = shards.load(torch.arange(len(shards)))
     S_mem, stats_mem = fit_selector(hidden[train], hidden[held], cfg)
     assert S.shape[1] == S_mem.shape[1] == hidden.shape[1] and S.shape[0] >= 2
-    assert set(stats_mem) <= set(stats)
+    assert set(stats_mem) <= set(stats) and stats["kmeans"].startswith({"torch": "torch", "sklearn": "scikit"}[kmeans])
     assert stats["train_accuracy"] > 0.6 and stats["train_accuracy"] > stats_mem["train_accuracy"] - 0.2
     own = (hidden[train] @ S.T).max(-1).values.mean()  # rescaled: the winning value averages about 1
     assert 0.5 < float(own) < 2.0

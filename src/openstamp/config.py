@@ -80,6 +80,7 @@ class SelectorConfig:
     rescale: bool = option(True, "scale rows so the winning selector value averages 1 on its own cluster")
     heldout_fraction: float = option(0.1, "states held out to report accuracy and effective strength")
     kmeans_max_iter: int = option(100, "k-means iterations")
+    kmeans: str = option("auto", "k-means: auto (torch on a GPU, else scikit-learn), torch or sklearn")
     seed: int = option(0, "k-means seed")
 
     def __post_init__(self) -> None:
@@ -87,6 +88,7 @@ class SelectorConfig:
         check(self.min_cluster_size >= 1, "selector.min_cluster_size must be >= 1")
         check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
         check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
+        check(self.kmeans in ("auto", "torch", "sklearn"), "selector.kmeans must be auto, torch or sklearn")
 
 
 @dataclass(frozen=True, kw_only=True)

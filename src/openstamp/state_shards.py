@@ -4,7 +4,9 @@
 states of a 4096-wide model. Here each forward batch's states go to a safetensors shard as
 soon as they are computed, and the selector is fitted in passes over the shards:
 
-* k-means: scikit-learn's ``MiniBatchKMeans.partial_fit``, chunk by chunk, for a few epochs;
+* k-means: on a GPU, full Lloyd rounds in torch, one pass over the shards each
+  (:func:`openstamp.key.kmeans.kmeans_streamed`); on the CPU, scikit-learn's
+  ``MiniBatchKMeans.partial_fit``, chunk by chunk, for a few epochs;
 * ridge: the Gram matrix ``X^T X`` and ``X^T Y`` are summed over chunks, then solved
   (on the GPU when there is one), which gives exactly the in-memory solution;
 * row rescaling, accuracies and the effective strength: one more pass each.
@@ -28,9 +30,12 @@ from tqdm.auto import tqdm
 
 from openstamp.config import SelectorConfig, StatesConfig
 from openstamp.hidden import plan_windows, window_batches
-from openstamp.key.selector import accuracy
+from openstamp.key.kmeans import assign, kmeans_streamed
+from openstamp.key.selector import accuracy, kmeans_device
 
 KMEANS_EPOCHS = 5  # passes of mini-batch k-means over the training states
+KMEANS_ROUNDS = 30  # most Lloyd rounds (passes) of streamed torch k-means
+SEED_STATES = 50  # states per cluster drawn for the k-means++ seeding of streamed torch k-means
 CHUNK = 8192  # states per streamed chunk
 
 
@@ -137,21 +142,15 @@ def fit_selector_streaming(
     Returns:
         S with one row per kept cluster, (L_eff, k), and the same stats as the in-memory fit.
     """
-    from sklearn.cluster import MiniBatchKMeans
-
     if len(train) < cfg.n_lists:
         raise ValueError(f"{len(train)} states cannot form {cfg.n_lists} clusters; sample more states or lower L")
     size = max(CHUNK, 3 * cfg.n_lists)
-    km = MiniBatchKMeans(n_clusters=cfg.n_lists, random_state=cfg.seed, batch_size=size, n_init=3)
-    for _ in range(KMEANS_EPOCHS):
-        for _, h in shards.chunks(train, size):
-            if len(h) >= cfg.n_lists:
-                km.partial_fit(_project(h, projection).numpy().astype(np.float32))
+    predict, method = _streamed_kmeans(shards, train, projection, cfg, size)
 
     def labelled(index):
         for where, h in shards.chunks(index, size):
             z = _project(h, projection)
-            yield where, z, torch.from_numpy(km.predict(z.numpy().astype(np.float32)).astype(np.int64))
+            yield where, z, predict(z)
 
     sizes = torch.zeros(cfg.n_lists, dtype=torch.long)
     for _, _, labels in labelled(train):
@@ -192,9 +191,37 @@ def fit_selector_streaming(
         "rescale_factor_mean": float(factors.mean()),
         "rescale_factor_min": float(factors.min()),
         "rescale_factor_max": float(factors.max()),
-        "kmeans": f"mini-batch, streamed, {KMEANS_EPOCHS} epochs",
+        "kmeans": method,
     }
     return S, stats
+
+
+def _streamed_kmeans(shards: StateShards, train: torch.Tensor, projection, cfg: SelectorConfig, size: int):
+    """k-means over the shards: a labelling function and a description of the fit."""
+    device = kmeans_device(cfg)
+    if device is not None:
+        sample = _project(shards.load(train[: SEED_STATES * cfg.n_lists]), projection)
+        centroids, rounds = kmeans_streamed(
+            lambda: (_project(h, projection) for _, h in shards.chunks(train, size)),
+            sample,
+            cfg.n_lists,
+            cfg.seed,
+            min(cfg.kmeans_max_iter, KMEANS_ROUNDS),
+            device,
+        )
+        return (lambda z: assign(z, centroids, device)), f"torch on {device}, streamed, {rounds} rounds"
+    from sklearn.cluster import MiniBatchKMeans
+
+    km = MiniBatchKMeans(n_clusters=cfg.n_lists, random_state=cfg.seed, batch_size=size, n_init=3)
+    for _ in range(KMEANS_EPOCHS):
+        for _, h in shards.chunks(train, size):
+            if len(h) >= cfg.n_lists:
+                km.partial_fit(_project(h, projection).numpy().astype(np.float32))
+
+    def predict(z: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(km.predict(z.numpy().astype(np.float32)).astype(np.int64))
+
+    return predict, f"scikit-learn mini-batch, streamed, {KMEANS_EPOCHS} epochs"
 
 
 def _accuracy(chunks, S: torch.Tensor, remap: torch.Tensor) -> tuple[float, int]:

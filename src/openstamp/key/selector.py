@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from sklearn.cluster import KMeans, MiniBatchKMeans
 
 from openstamp.config import SelectorConfig
+from openstamp.key.kmeans import assign, kmeans
 
 _FULL_KMEANS_LIMIT = 200_000  # above this many states, use incremental (mini-batch) k-means as the paper does
 
@@ -30,15 +34,40 @@ def ridge(z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, int
     return torch.linalg.solve(gram, x.T @ y).T.float()
 
 
-def cluster(z: torch.Tensor, cfg: SelectorConfig):
-    """Seeded k-means into ``cfg.n_lists`` clusters; returns the fitted sklearn estimator."""
+def kmeans_device(cfg: SelectorConfig) -> str | None:
+    """Where torch k-means runs, or None for scikit-learn's (``cfg.kmeans``: auto picks torch on a GPU)."""
+    gpu = torch.cuda.is_available()
+    if cfg.kmeans == "sklearn" or (cfg.kmeans == "auto" and not gpu):
+        return None
+    return "cuda" if gpu else "cpu"
+
+
+@dataclass
+class Clusters:
+    """Training labels (N,), a labelling function for new states, and how they were found."""
+
+    labels: torch.Tensor
+    predict: Callable[[torch.Tensor], torch.Tensor]
+    method: str
+
+
+def cluster(z: torch.Tensor, cfg: SelectorConfig) -> Clusters:
+    """Seeded k-means into ``cfg.n_lists`` clusters: torch on a GPU, scikit-learn on the CPU."""
     if len(z) < cfg.n_lists:
         raise ValueError(f"{len(z)} states cannot form {cfg.n_lists} clusters; sample more states or lower L")
+    device = kmeans_device(cfg)
+    if device is not None:
+        centroids, labels, rounds = kmeans(z, cfg.n_lists, cfg.seed, cfg.kmeans_max_iter, device)
+        return Clusters(labels, lambda x: assign(x, centroids, device), f"torch on {device}, {rounds} rounds")
     kind = KMeans if len(z) <= _FULL_KMEANS_LIMIT else MiniBatchKMeans
     extra = {"n_init": 1} if kind is KMeans else {"n_init": 3, "batch_size": 4096}
-    return kind(n_clusters=cfg.n_lists, random_state=cfg.seed, max_iter=cfg.kmeans_max_iter, **extra).fit(
-        z.numpy().astype(np.float32)
-    )
+    km = kind(n_clusters=cfg.n_lists, random_state=cfg.seed, max_iter=cfg.kmeans_max_iter, **extra)
+    km.fit(z.numpy().astype(np.float32))
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(km.predict(x.numpy().astype(np.float32)).astype(np.int64))
+
+    return Clusters(torch.from_numpy(km.labels_.astype(np.int64)), predict, f"scikit-learn {kind.__name__}")
 
 
 def rescale_rows(S: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +100,8 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
     Returns:
         S with one row per kept cluster, (L_eff, d), and a stats dict.
     """
-    km = cluster(z_train, cfg)
-    labels = torch.from_numpy(km.labels_.astype(np.int64))
+    clusters = cluster(z_train, cfg)
+    labels = clusters.labels
     sizes = torch.bincount(labels, minlength=cfg.n_lists)
     kept = torch.nonzero(sizes >= cfg.min_cluster_size).flatten()
     if len(kept) < 2:
@@ -86,7 +115,7 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
     factors = torch.ones(len(kept))
     if cfg.rescale:
         S, factors = rescale_rows(S, z_fit, y_fit)
-    held_labels = remap[torch.from_numpy(km.predict(z_heldout.numpy().astype(np.float32)).astype(np.int64))]
+    held_labels = remap[clusters.predict(z_heldout)]
     held_in = held_labels >= 0
     stats = {
         "n_lists_requested": cfg.n_lists,
@@ -99,5 +128,6 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
         "rescale_factor_mean": float(factors.mean()),
         "rescale_factor_min": float(factors.min()),
         "rescale_factor_max": float(factors.max()),
+        "kmeans": clusters.method,
     }
     return S, stats
