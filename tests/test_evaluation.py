@@ -95,6 +95,20 @@ def test_every_method_detects_itself_on_the_tiny_model(finished_run):
         assert run["metrics"]["auroc"] >= 0.75, run["run"]
 
 
+def test_every_run_reports_its_own_perplexity_against_the_original(finished_run):
+    from openstamp.evaluation.own_ppl import perplexity
+
+    out, results, _ = finished_run
+    original = results["references"]["human"]["own_ppl_original"]
+    assert original == pytest.approx(perplexity(json.loads((out / "own_ppl" / "original.json").read_text())))
+    for run in results["runs"]:
+        m = run["metrics"]
+        assert m["own_ppl"] / original - 1 == pytest.approx(m["own_ppl_change"], rel=1e-6), run["run"]
+        assert m["own_ppl_change_ci"][0] <= m["own_ppl_change"] <= m["own_ppl_change_ci"][1]
+    # a watermark moves the model's distribution: no method leaves its own perplexity exactly as it was
+    assert all(abs(run["metrics"]["own_ppl_change"]) > 0 for run in results["runs"])
+
+
 def test_rerender_and_config_mismatch(finished_run, model_dir, corpus_file):
     out, _, methods = finished_run
     (out / "report.md").unlink()

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.attacks.common import EvalRun, by_method
+from openstamp.evaluation.metrics import METRICS
 from openstamp.storage import atomic_write_json, atomic_write_text
 
 
@@ -104,7 +105,7 @@ def publish(
 
 # -- the before/after comparison shared by the text attacks ---------------------------------------
 
-COMPARED = (("AUROC", "auroc"), ("TPR@1%FPR", "tpr_at_1pct_fpr"))  # the paper's columns; results.json has more
+COMPARED = tuple((m.label, m.name) for m in METRICS.values() if m.attack)  # results.json has more
 
 
 def negatives_note(ev: EvalRun) -> str:

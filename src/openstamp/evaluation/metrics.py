@@ -1,16 +1,49 @@
-"""Metrics computed from score arrays, apart from any pipeline.
+"""Metrics computed from score arrays, apart from any pipeline, and the one registry of their names.
 
-Each metric is a plain function of numpy arrays; ``METRICS`` records whether higher is better.
+Each metric is a plain function of numpy arrays. ``METRICS`` names every number that results,
+reports, attacks and the CLI summary show: its label, the function behind it, whether higher is
+better, and its digits. Everything that lists metrics reads it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import rankdata
 
 from openstamp.stats import threshold_at_fpr  # noqa: F401  (re-exported: TPR@FPR's threshold)
 
-HIGHER_IS_BETTER = {"auroc": True, "tpr": True, "ppl": False, "seq_rep_3": False}
+
+@dataclass(frozen=True)
+class Metric:
+    """One reported number: ``summary`` puts it in the per-method table; ``attack`` in before/after tables."""
+
+    name: str
+    label: str
+    function: str
+    higher_is_better: bool
+    digits: int = 3
+    summary: bool = True
+    attack: bool = False
+
+
+def _registry(*metrics: Metric) -> dict[str, Metric]:
+    return {m.name: m for m in metrics}
+
+
+METRICS = _registry(
+    Metric("auroc", "AUROC", "auroc(watermarked, human)", True, attack=True),
+    Metric("tpr_at_1pct_fpr", "TPR@1%FPR", "tpr_at_fpr(watermarked, human, 0.01)", True, attack=True),
+    Metric("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "tpr_at_fpr(watermarked, human, 0.001)", True),
+    Metric("auroc_vs_unwatermarked", "AUROC vs unwm.", "auroc(watermarked, unwatermarked)", True),
+    Metric("own_ppl", "own PPL", "own_perplexity(model, human continuations)", False, 1),
+    Metric("own_ppl_change", "own PPL change", "own_ppl / original model's own_ppl - 1", False, 3),
+    Metric("ppl_mean", "PPL mean", "mean oracle perplexity of the completions", False, 1),
+    Metric("ppl_median", "PPL median", "median oracle perplexity of the completions", False, 1),
+    Metric("ppl_ratio_median", "PPL ratio", "median of oracle PPL / unwatermarked PPL, same prompt", False),
+    Metric("seq_rep_3", "seq-rep-3", "seq_rep_n(completion, 3)", False),
+)
 
 
 def auroc(positives, negatives) -> float:

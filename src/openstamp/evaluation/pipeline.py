@@ -10,6 +10,7 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
       generations/<run>/b*.json   completions, one file per batch
       scores/<run>.json           the run's detector on watermarked, human and unwatermarked text
       ppl/<set>.json              oracle perplexities
+      own_ppl/<set>.json          the generating model's own NLL on the human continuations
       results.json, samples.jsonl, report.md, *.png
 """
 
@@ -47,6 +48,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     key_docs = split_documents(load_documents(cfg.key_corpus), "key")
     windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
     prompts = [w["prompt"] for w in windows]
+    score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
     runs = []
     for seed in cfg.seeds:
         generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
@@ -71,6 +73,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
                         progress,
                         choice,
                     )
+                    score_own_ppl(out, gen_name, model, tokenizer, windows, variant.logits_processor(), cfg, progress)
                 finally:
                     if variant.weight_level:
                         variant.revert(model)
@@ -221,6 +224,21 @@ def _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed) -> None
         n = len(prompts[s : s + cfg.batch_size])
         atomic_write_json(directory / f"b{b:04d}.json", ids[:n])
         ids = ids[n:]
+
+
+def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress) -> None:
+    """The model's own NLL on each human continuation given its prompt, as it generates now."""
+    from openstamp.evaluation.own_ppl import window_nll
+    from openstamp.text import bos_prefix
+
+    path = out / "own_ppl" / f"{name.replace('/', '_')}.json"
+    if path.exists():
+        return
+    bos = bos_prefix(tokenizer)
+    pairs = [(bos + w["prompt"], w["human"]) for w in windows]
+    nll = window_nll(model, pairs, processor, cfg.score_batch_size, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, nll)
 
 
 def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) -> None:

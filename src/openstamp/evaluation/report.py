@@ -11,18 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.evaluation.metrics import METRICS
 from openstamp.storage import atomic_write_text, read_json
 
-COLUMNS = [
-    ("AUROC", "auroc"),
-    ("TPR@1%FPR", "tpr_at_1pct_fpr"),
-    ("TPR@0.1%FPR", "tpr_at_0.1pct_fpr"),
-    ("AUROC vs unwm.", "auroc_vs_unwatermarked"),
-    ("PPL mean", "ppl_mean"),
-    ("PPL median", "ppl_median"),
-    ("PPL ratio", "ppl_ratio_median"),
-    ("seq-rep-3", "seq_rep_3"),
-]
+COLUMNS = [(m.label, m.name) for m in METRICS.values() if m.summary]
 
 
 def fmt(stat: dict | None, digits: int = 3) -> str:
@@ -35,7 +27,7 @@ def fmt(stat: dict | None, digits: int = 3) -> str:
 
 
 def _digits(key: str) -> int:
-    return 1 if key.startswith("ppl_m") else 3
+    return METRICS[key].digits if key in METRICS else 3
 
 
 def summary_table(results: dict) -> list[str]:

@@ -10,20 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.config import EvalConfig
-from openstamp.evaluation.metrics import auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr
+from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr
+from openstamp.evaluation.own_ppl import change, perplexity
 from openstamp.storage import atomic_write_text, read_json
 
 FPRS = {"tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.001}
-SUMMARY_METRICS = (
-    "auroc",
-    "tpr_at_1pct_fpr",
-    "tpr_at_0.1pct_fpr",
-    "auroc_vs_unwatermarked",
-    "ppl_mean",
-    "ppl_median",
-    "ppl_ratio_median",
-    "seq_rep_3",
-)
+SUMMARY_METRICS = tuple(m.name for m in METRICS.values() if m.summary)
 
 
 def _name(s: str) -> str:
@@ -81,6 +73,17 @@ def quality_metrics(ppl: list[float], reference: list[float] | None, completions
     return out
 
 
+def own_ppl_metrics(nll: list[float] | None, original: list[float] | None) -> dict:
+    """The generating model's own perplexity on the human continuations, and its change against the original's."""
+    if nll is None:
+        return {}
+    out = {"own_ppl": perplexity(nll)}
+    if original is not None:
+        delta = change(nll, original)
+        out.update(own_ppl_change=delta["change"], own_ppl_change_ci=delta["ci"])
+    return out
+
+
 def _mean_sd(values: list[float]) -> dict:
     arr = np.array([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
     if len(arr) == 0:
@@ -95,6 +98,11 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         path = out / "ppl" / f"{_name(name)}.json"
         return read_json(path, "perplexity cache") if path.exists() else []
 
+    def own_nll(name):
+        path = out / "own_ppl" / f"{_name(name)}.json"
+        return read_json(path, "own perplexity cache") if path.exists() else None
+
+    original = own_nll("original")
     per_run = []
     for r in runs:
         scores = read_json(out / "scores" / f"{_name(r['run'])}.json", "score cache")
@@ -102,6 +110,7 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         metrics = {
             **detection_metrics(scores),
             **quality_metrics(ppl_of(r["generations"]), reference, load_generations(out, r["generations"])),
+            **own_ppl_metrics(own_nll(r["generations"]), original),
         }
         per_run.append({**r, "metrics": metrics})
     summary = []
@@ -116,6 +125,8 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
             }
         )
     references = {"human": quality_metrics(ppl_of("human"), None, [w["human"] for w in windows])}
+    if original is not None:
+        references["human"]["own_ppl_original"] = perplexity(original)
     for seed in cfg.seeds:
         name = f"unwatermarked/s{seed}"
         references[name] = quality_metrics(ppl_of(name), None, load_generations(out, name))
