@@ -30,6 +30,7 @@ from openstamp.monitor import StageMonitor
 from openstamp.patch import TIED_HEAD_MODES, apply_watermark, head
 from openstamp.storage import atomic_directory, check_can_write
 from openstamp.text import never_green_ids
+from openstamp.tune import TuneConfig
 
 log = logging.getLogger(__name__)
 _STRENGTH_STATES = 65_536  # sharded states: held-out states behind the effective-strength estimate
@@ -165,7 +166,7 @@ def build_key(
 @dataclass
 class EmbedResult:
     key: WatermarkKey
-    model_dir: Path
+    model_dir: Path | None
     key_dir: Path
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -174,7 +175,7 @@ class EmbedResult:
 def embed(
     model_spec: str,
     corpus_spec: str,
-    out: str | os.PathLike,
+    out: str | os.PathLike | None,
     key_dir: str | os.PathLike,
     cfg: EmbedConfig,
     *,
@@ -188,8 +189,13 @@ def embed(
     device_map: str | None = None,
     states_dir: str | os.PathLike | None = None,
     tied_head: str = "retie",
+    tune: TuneConfig | None = None,
 ) -> EmbedResult:
     """Build a key on ``corpus_spec``, watermark ``model_spec``, and write both atomically.
+
+    With ``tune``, delta is not taken from ``cfg`` but chosen by :func:`openstamp.tune.tune_delta`
+    on the corpus's held-out documents (the key's meta keeps the search). With ``out=None``
+    only the key is written.
 
     ``tied_head`` applies to models whose lm_head is tied to the input embeddings: ``retie``
     (default) keeps one shared tensor holding U~, so the checkpoint has the base's size and
@@ -198,15 +204,25 @@ def embed(
     """
     if tied_head not in TIED_HEAD_MODES:
         raise ValueError(f"tied_head must be one of {', '.join(TIED_HEAD_MODES)}, not {tied_head!r}")
-    check_can_write(out, overwrite)
+    if out is not None:
+        check_can_write(out, overwrite)
     check_can_write(key_dir, overwrite)
-    documents = split_documents(load_documents(corpus_spec), corpus_part)
+    all_documents = load_documents(corpus_spec)
+    documents = split_documents(all_documents, corpus_part)
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device, cache_dir=cache_dir, device_map=device_map)
     key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress, states_dir=states_dir)
     key.meta["corpus"] = {"spec": corpus_spec, "part": corpus_part, **fingerprint(documents)}
+    if tune is not None:
+        from openstamp.tune import tune_delta
+
+        heldout = split_documents(all_documents, "heldout")
+        if corpus_part == "all":
+            log.warning("--corpus-part all: the tuning prompts come from documents the key was built on")
+        key, _ = tune_delta(model, tokenizer, key, heldout, tune, tied_head, progress)
     apply_watermark(model, key, tied_head, source=model_spec)
     key.save(key_dir, overwrite=overwrite)
-    with atomic_directory(out, overwrite=overwrite) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    return EmbedResult(key, Path(out), Path(key_dir), model, tokenizer)
+    if out is not None:
+        with atomic_directory(out, overwrite=overwrite) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    return EmbedResult(key, Path(out) if out is not None else None, Path(key_dir), model, tokenizer)

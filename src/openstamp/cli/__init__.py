@@ -13,6 +13,7 @@ from openstamp.cli.embed import embed
 from openstamp.cli.eval import evaluate
 from openstamp.cli.report import report
 from openstamp.cli.serve import serve
+from openstamp.cli.tune import tune
 
 app = typer.Typer(
     name="openstamp",
@@ -23,6 +24,7 @@ app = typer.Typer(
 )
 app.command()(demo)
 app.command()(embed)
+app.command()(tune)
 app.command()(detect)
 app.command()(calibrate)
 app.command(name="eval")(evaluate)

@@ -60,7 +60,12 @@ def embed(
     profile: str = typer.Option("default", help="settings profile: default (CPU, minutes), paper, small"),
     config: Path | None = typer.Option(None, help="JSON file of settings (sections states/projection/selector/green)"),
     gamma: float | None = typer.Option(None, help="green-list fraction"),
-    delta: float | None = typer.Option(None, help="watermark strength (logit boost)"),
+    delta: str | None = typer.Option(
+        None, help="watermark strength (logit boost), or 'auto': the smallest that reaches --target-tpr (see tune)"
+    ),
+    target_tpr: float = typer.Option(0.99, help="with --delta auto: fraction of texts that must be flagged"),
+    tune_tokens: int = typer.Option(200, help="with --delta auto: new tokens per text"),
+    tune_fpr: float = typer.Option(0.01, help="with --delta auto: flag at p <= this"),
     lists: int | None = typer.Option(None, help="L, the number of clusters / green lists"),
     states: int | None = typer.Option(None, help="hidden states to sample"),
     epochs: int | None = typer.Option(None, help="epochs of P training"),
@@ -90,12 +95,16 @@ def embed(
     ),
 ) -> None:
     """Build a watermark key on a corpus and write it into a model's unembedding."""
+    from openstamp.tune import TuneConfig
     from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
+    tune = None
+    if delta == "auto":
+        tune = TuneConfig(target_tpr=target_tpr, tokens=tune_tokens, fpr=tune_fpr)
     flags = {
         "green.gamma": gamma,
-        "green.delta": delta,
+        "green.delta": parse_delta(delta),
         "selector.n_lists": lists,
         "states.n_states": states,
         "projection.epochs": epochs,
@@ -123,8 +132,43 @@ def embed(
         device_map=device_map,
         states_dir=states_dir,
         tied_head=tied_head,
+        tune=tune,
     )
+    if tune is not None:
+        print_tune(result.key.meta["tune"])
     print_summary(result.key, result.model_dir, result.key_dir)
+
+
+def parse_delta(text: str | None) -> float | None:
+    """A number, or None for 'auto' and for no flag."""
+    if text is None or text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"--delta must be a number or 'auto', not {text!r}") from None
+    if value <= 0:
+        raise typer.BadParameter("--delta must be > 0")
+    return value
+
+
+def print_tune(report: dict) -> None:
+    """The strengths the search tried, what each bought and cost, and the one it chose."""
+    s = report["settings"]
+    table = Table(title=f"delta search: TPR at p <= {s['fpr']} on {s['n']} held-out texts of {s['tokens']} tokens")
+    for column in ("delta", "TPR [95% CI]", "own perplexity", "change"):
+        table.add_column(column, justify="right")
+    for p in report["probes"]:
+        mark = " *" if p["delta"] == report["delta"] else ""
+        ci = f"{p['tpr']:.3f} [{p['tpr_ci'][0]:.3f}, {p['tpr_ci'][1]:.3f}]"
+        table.add_row(f"{p['delta']:.3g}{mark}", ci, f"{p['own_ppl']:.2f}", f"{p['own_ppl_change']:+.1%}")
+    console.print(table)
+    verdict = "reaches" if report["reached"] else "[bold yellow]does not reach[/] (largest delta tried)"
+    console.print(
+        f"delta {report['delta']:.3g} {verdict} TPR {s['target_tpr']}: measured {report['tpr']:.3f}; "
+        f"own perplexity {report['own_ppl_original']:.2f} -> {report['own_ppl']:.2f} "
+        f"({report['own_ppl_change']:+.1%}) on the prompts' human continuations"
+    )
 
 
 def print_summary(key, model_dir: Path, key_dir: Path) -> None:
@@ -159,7 +203,7 @@ def print_summary(key, model_dir: Path, key_dir: Path) -> None:
     else:
         table.add_row("projection", "none (P = I)")
     table.add_row("timings (s)", ", ".join(f"{k} {v:.1f}" for k, v in stats["timings_s"].items()))
-    table.add_row("checkpoint", str(model_dir))
+    table.add_row("checkpoint", str(model_dir) if model_dir else "not written (key only)")
     table.add_row("key (private)", str(key_dir))
     console.print(table)
     for warning in key.meta.get("warnings", []):

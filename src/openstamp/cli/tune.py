@@ -1,0 +1,62 @@
+"""openstamp tune: build a key once and give it the smallest delta that reaches a detection target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from openstamp.cli.common import (
+    DeviceOption,
+    DtypeOption,
+    ModelOption,
+    friendly_errors,
+    parse_settings,
+    setup_logging,
+)
+from openstamp.cli.embed import print_summary, print_tune, resolve_config
+
+
+@friendly_errors
+def tune(
+    key: Path = typer.Option(..., "--key", "-k", help="directory for the private key (with the chosen delta)"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="also write the watermarked checkpoint here"),
+    model: str = ModelOption,
+    corpus: str = typer.Option("wikipedia", help="key corpus; its held-out half gives the tuning prompts"),
+    profile: str = typer.Option("default", help="settings profile: default, paper, small"),
+    target_tpr: float = typer.Option(0.99, help="fraction of watermarked texts that must be flagged"),
+    tokens: int = typer.Option(200, help="new tokens per text: the length detection must work at"),
+    fpr: float = typer.Option(0.01, help="flag at p-value <= this false-positive rate"),
+    n: int = typer.Option(64, help="held-out prompts per probed delta"),
+    low: float = typer.Option(0.25, help="smallest delta tried"),
+    high: float = typer.Option(4.0, help="largest delta tried"),
+    steps: int = typer.Option(4, help="bisection steps (one probe each)"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    tied_head: str = typer.Option("retie", help="retie or untie, as for embed"),
+    settings: list[str] | None = typer.Option(None, "--set", help="any key setting, e.g. --set selector.n_lists=64"),
+    dtype: str = DtypeOption,
+    device: str = DeviceOption,
+    overwrite: bool = typer.Option(False, help="replace existing output directories"),
+    quiet: bool = typer.Option(False, help="no progress bars"),
+) -> None:
+    """Choose delta: the smallest whose watermark is flagged in --target-tpr of texts of --tokens tokens."""
+    from openstamp.tune import TuneConfig
+    from openstamp.watermark import embed
+
+    setup_logging(quiet)
+    cfg = TuneConfig(target_tpr=target_tpr, tokens=tokens, fpr=fpr, n=n, low=low, high=high, steps=steps, seed=seed)
+    result = embed(
+        model,
+        corpus,
+        out,
+        key,
+        resolve_config(profile, None, parse_settings(settings)),
+        dtype=dtype,
+        device=device,
+        overwrite=overwrite,
+        progress=not quiet,
+        tied_head=tied_head,
+        tune=cfg,
+    )
+    print_tune(result.key.meta["tune"])
+    print_summary(result.key, result.model_dir, result.key_dir)

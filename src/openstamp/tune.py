@@ -1,0 +1,148 @@
+"""Choose the strength: the smallest delta whose watermark is detected as often as the owner asks.
+
+A model owner states what detection must buy (``target_tpr`` of texts of ``tokens`` new tokens
+flagged at p <= ``fpr``, prompts withheld from the detector) and pays for it in the model's own
+perplexity on human text. With the key built once, the detection rate rises with delta, so
+
+    delta* = min { delta : TPR(delta) >= target_tpr }
+
+is found by bisection on log(delta) between ``low`` and ``high``: each probe watermarks the model
+at that delta, samples one completion per held-out prompt, and detects them with their
+calibrated p-values. Every probe's TPR (with a 95% Clopper-Pearson interval) and its own
+perplexity on the prompts' human continuations are kept, so the report shows the whole
+trade-off the search walked through, not only its end.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+
+from scipy.stats import beta as beta_dist
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from openstamp.config import check, option
+from openstamp.corpus import Document
+from openstamp.key.key import WatermarkKey
+from openstamp.text import bos_prefix, prompt_windows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneConfig:
+    target_tpr: float = option(0.99, "fraction of watermarked texts that must be flagged")
+    tokens: int = option(200, "new tokens per text (the length detection must work at)")
+    fpr: float = option(0.01, "flag at p-value <= this false-positive rate")
+    n: int = option(64, "held-out prompts per probe")
+    prompt_tokens: int = option(50, "tokens of each prompt (withheld from the detector)")
+    low: float = option(0.25, "smallest delta tried")
+    high: float = option(4.0, "largest delta tried")
+    steps: int = option(4, "bisection steps between the two ends (each probes one delta)")
+    batch_size: int = option(16, "completions per generation batch")
+    seed: int = option(0, "sampling seed (one seed for every probe)")
+
+    def __post_init__(self) -> None:
+        check(0 < self.target_tpr <= 1 and 0 < self.fpr < 1, "need 0 < target_tpr <= 1 and 0 < fpr < 1")
+        check(0 < self.low < self.high, "need 0 < low < high")
+        check(min(self.tokens, self.n, self.prompt_tokens, self.batch_size) >= 1 and self.steps >= 0, "sizes >= 1")
+
+
+def clopper_pearson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    a = (1 - level) / 2
+    low = 0.0 if hits == 0 else float(beta_dist.ppf(a, hits, n - hits + 1))
+    high = 1.0 if hits == n else float(beta_dist.ppf(1 - a, hits + 1, n - hits))
+    return low, high
+
+
+def heldout_pairs(tokenizer, documents: list[Document], cfg: TuneConfig) -> list[tuple[list[int], list[int]]]:
+    """``n`` (prompt, human continuation) windows; raises if the documents hold fewer."""
+    pairs = prompt_windows(tokenizer, [d.text for d in documents], cfg.prompt_tokens, cfg.tokens)
+    if len(pairs) < cfg.n:
+        raise ValueError(
+            f"the held-out documents hold {len(pairs)} windows of {cfg.prompt_tokens}+{cfg.tokens} tokens, "
+            f"fewer than n={cfg.n}; lower --n or --tokens, or use a larger corpus"
+        )
+    return pairs[: cfg.n]
+
+
+def probe(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, tied_head: str, progress: bool) -> dict:
+    """Watermark at ``key.delta``, sample, detect, and measure the model's own perplexity; then revert."""
+    from openstamp import DetectConfig, Detector
+    from openstamp.evaluation.own_ppl import perplexity, window_nll
+    from openstamp.generate import sample_completions
+    from openstamp.patch import apply_watermark, revert_watermark
+
+    apply_watermark(model, key, tied_head)
+    try:
+        ids = sample_completions(
+            model, tokenizer, [p for p, _ in pairs], cfg.tokens, seed=cfg.seed, batch_size=cfg.batch_size,
+            progress=progress,
+        )  # fmt: skip
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        detector = Detector(model, tokenizer, key, DetectConfig(alpha=cfg.fpr))
+        p_values = [r.p_value for r in detector.detect(texts)]
+        bos = bos_prefix(tokenizer)
+        own = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
+    finally:
+        revert_watermark(model, key)
+    hits = sum(p is not None and p <= cfg.fpr for p in p_values)
+    return {"delta": key.delta, "tpr": hits / len(pairs), "tpr_ci": clopper_pearson(hits, len(pairs)), "own_ppl": own}
+
+
+def tune_delta(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    key: WatermarkKey,
+    heldout: list[Document],
+    cfg: TuneConfig,
+    tied_head: str = "retie",
+    progress: bool = True,
+) -> tuple[WatermarkKey, dict]:
+    """The key at the smallest delta that reaches ``cfg.target_tpr``, and the search's report.
+
+    ``model`` must be the original (unwatermarked) model; it is left as it was. If even
+    ``cfg.high`` misses the target, the key at ``cfg.high`` is returned and ``reached`` is False.
+    """
+    from openstamp.evaluation.own_ppl import perplexity, window_nll
+
+    pairs = heldout_pairs(tokenizer, heldout, cfg)
+    bos = bos_prefix(tokenizer)
+    original = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
+    probes: list[dict] = []
+
+    def run(delta: float) -> bool:
+        variant = dataclasses.replace(key, delta=delta, meta=copy.deepcopy(key.meta))  # probes record their own
+        result = probe(model, tokenizer, variant, pairs, cfg, tied_head, progress)
+        result["own_ppl_change"] = result["own_ppl"] / original - 1
+        probes.append(result)
+        log.info("delta %.3g: TPR %.3f, own perplexity %+.1f%%", delta, result["tpr"], 100 * result["own_ppl_change"])
+        return result["tpr"] >= cfg.target_tpr
+
+    lo, hi, chosen = math.log(cfg.low), math.log(cfg.high), cfg.high
+    reached = run(cfg.high)
+    if reached and run(cfg.low):
+        chosen = cfg.low
+    elif reached:
+        for _ in range(cfg.steps):
+            mid = (lo + hi) / 2
+            if run(math.exp(mid)):
+                hi, chosen = mid, probes[-1]["delta"]
+            else:
+                lo = mid
+    best = next(p for p in probes if p["delta"] == chosen)
+    report = {
+        "settings": dataclasses.asdict(cfg),
+        "reached": reached,
+        "delta": chosen,
+        "tpr": best["tpr"],
+        "tpr_ci": best["tpr_ci"],
+        "own_ppl": best["own_ppl"],
+        "own_ppl_original": original,
+        "own_ppl_change": best["own_ppl_change"],
+        "probes": sorted(probes, key=lambda p: p["delta"]),
+    }
+    return dataclasses.replace(key, delta=chosen, meta={**copy.deepcopy(key.meta), "tune": report}), report
