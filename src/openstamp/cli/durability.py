@@ -1,0 +1,70 @@
+"""openstamp attack merge | prune | instruct: what people do to open weights (issue 17).
+
+Registered on the ``attack`` group like the other attacks: each reads a finished ``openstamp
+eval`` run (``--eval``), writes resumable outputs to ``--out`` and adds its section to the
+eval's report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from openstamp.cli.attack import EvalOption, MethodsOption, QuietOption, _finish, _methods, attack_app
+from openstamp.cli.common import friendly_errors, setup_logging
+
+
+def _numbers(text: str, name: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--{name} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"--{name} needs at least one value")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip().lower().replace("-", "_") for v in text.split(",") if v.strip())
+
+
+@attack_app.command()
+@friendly_errors
+def merge(
+    eval_dir: Path = EvalOption,
+    out_dir: Path = typer.Option(Path("runs/merge"), "--out", help="output directory (resumable)"),
+    with_model: str | None = typer.Option(
+        None, "--with", help="model merged in: the eval's base model (default), a fine-tune, hub id, dir or alias"
+    ),
+    method: str = typer.Option("linear,slerp,ties,dare_ties", help="comma-separated: linear, slerp, ties, dare_ties"),
+    t: str = typer.Option("0.1,0.3,0.5,0.7", "--t", help="comma-separated weights of the other model (linear, slerp)"),
+    task_t: float = typer.Option(0.5, help="weight of the other model for ties and dare_ties"),
+    density: float = typer.Option(0.5, help="fraction of each task vector kept (ties, dare_ties)"),
+    seed: int = typer.Option(0, help="seed of DARE's drops"),
+    n: int | None = typer.Option(None, help="eval prompts completed per setting (default: all)"),
+    ppl_windows: int = typer.Option(16, help="held-out windows for perplexity"),
+    seq_len: int = typer.Option(128, help="tokens per perplexity window"),
+    methods: str | None = MethodsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Merge each watermarked model with another (linear, SLERP, TIES, DARE-TIES); detect and measure quality."""
+    from openstamp.attacks.merge import MergeConfig, run_merge
+
+    setup_logging(quiet)
+    cfg = MergeConfig(
+        with_model=with_model,
+        merges=_names(method),
+        t=_numbers(t, "t"),
+        task_t=task_t,
+        density=density,
+        seed=seed,
+        n=n,
+        ppl_windows=ppl_windows,
+        seq_len=seq_len,
+        methods=_methods(methods),
+    )
+    start = time.perf_counter()
+    run_merge(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
