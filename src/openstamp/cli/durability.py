@@ -68,3 +68,39 @@ def merge(
     start = time.perf_counter()
     run_merge(eval_dir, out_dir, cfg, progress=not quiet)
     _finish(out_dir, start, eval_dir)
+
+
+@attack_app.command()
+@friendly_errors
+def prune(
+    eval_dir: Path = EvalOption,
+    out_dir: Path = typer.Option(Path("runs/prune"), "--out", help="output directory (resumable)"),
+    method: str = typer.Option("wanda", help="wanda (|W| x input norm, per row) or magnitude (|W|, per layer)"),
+    sparsity: str = typer.Option("0.1,0.2,0.3,0.4,0.5", help="comma-separated fractions of each layer zeroed"),
+    include_head: bool = typer.Option(False, help="prune lm_head too (untied first)"),
+    calibration: str = typer.Option("wikipedia", help="corpus of Wanda's calibration windows"),
+    calibration_windows: int = typer.Option(8, help="calibration windows"),
+    seq_len: int = typer.Option(128, help="tokens per calibration and perplexity window"),
+    n: int | None = typer.Option(None, help="eval prompts completed per sparsity (default: all)"),
+    ppl_windows: int = typer.Option(16, help="held-out windows for perplexity"),
+    methods: str | None = MethodsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Prune each watermarked model (Wanda or magnitude) at several sparsities; detect and measure quality."""
+    from openstamp.attacks.prune import PruneConfig, run_prune
+
+    setup_logging(quiet)
+    cfg = PruneConfig(
+        pruner=method.strip().lower(),
+        sparsities=_numbers(sparsity, "sparsity"),
+        include_head=include_head,
+        calibration=calibration,
+        calibration_windows=calibration_windows,
+        seq_len=seq_len,
+        n=n,
+        ppl_windows=ppl_windows,
+        methods=_methods(methods),
+    )
+    start = time.perf_counter()
+    run_prune(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
