@@ -81,7 +81,7 @@ def run_finetune(eval_dir: Path, out: Path, cfg: FinetuneConfig, progress: bool 
     summary = by_method(
         rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score", "train_loss"), extra=("step",)
     )
-    plot = _durability_plot(summary, cfg, out / "finetune_tpr.png")
+    plot = durability_plot(summary, cfg, out / "finetune_tpr.png")
     body = _section(ev, cfg, n, summary, skipped, windows)
     results = {
         "settings": config_dict(cfg),
@@ -149,7 +149,7 @@ def checkpoint_rows(ev, run: dict, out: Path, cfg: TrainConfig, n: int, losses: 
     return rows
 
 
-def _durability_plot(summary: list[dict], cfg: FinetuneConfig, path: Path) -> Path:
+def durability_plot(summary: list[dict], cfg: FinetuneConfig, path: Path) -> Path:
     fig, ax = new_figure(5.5, 4.0)
     for method in dict.fromkeys(s["method"] for s in summary):
         points = [s for s in summary if s["method"] == method]
@@ -188,16 +188,16 @@ def _section(ev, cfg: FinetuneConfig, n: int, summary: list[dict], skipped: list
         "",
         "TPR@1%FPR:",
         "",
-        *_step_table(summary, steps, "tpr_at_1pct_fpr"),
+        *step_table(summary, steps, "tpr_at_1pct_fpr"),
         "",
         "AUROC:",
         "",
-        *_step_table(summary, steps, "auroc"),
+        *step_table(summary, steps, "auroc"),
         "",
         "Mean detector score of the completions (each method's own statistic: mean LLR for OpenStamp, z-score for "
         "Unremovable and GaussMark):",
         "",
-        *_step_table(summary, steps, "mean_score"),
+        *step_table(summary, steps, "mean_score"),
     ]
     if skipped:
         lines += [
@@ -207,7 +207,7 @@ def _section(ev, cfg: FinetuneConfig, n: int, summary: list[dict], skipped: list
     return lines
 
 
-def _step_table(summary: list[dict], steps: list[int], key: str) -> list[str]:
+def step_table(summary: list[dict], steps: list[int], key: str) -> list[str]:
     rows = []
     for method in dict.fromkeys(s["method"] for s in summary):
         cells = {s["step"]: fmt(s[key]) for s in summary if s["method"] == method}

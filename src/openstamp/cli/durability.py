@@ -104,3 +104,49 @@ def prune(
     start = time.perf_counter()
     run_prune(eval_dir, out_dir, cfg, progress=not quiet)
     _finish(out_dir, start, eval_dir)
+
+
+@attack_app.command()
+@friendly_errors
+def instruct(
+    eval_dir: Path = EvalOption,
+    out_dir: Path = typer.Option(Path("runs/instruct"), "--out", help="output directory (resumable)"),
+    data: str | None = typer.Option(
+        None, help="local .jsonl (alpaca or messages rows) or hf:NAME[:CONFIG][:SPLIT]; default: built offline"
+    ),
+    corpora: str = typer.Option("news,wikipedia", help="packaged corpora of the offline set"),
+    examples: int = typer.Option(256, help="examples built or read (at most)"),
+    mode: str = typer.Option("lora", help="lora (rank 16 on blocks + lm_head) or full"),
+    steps: int = typer.Option(300, help="optimizer steps"),
+    every: int = typer.Option(50, help="generate and detect every this many steps"),
+    batch_size: int = typer.Option(4, help="examples per step"),
+    seq_len: int = typer.Option(128, help="tokens per example (prompt + response, truncated)"),
+    lr: float = typer.Option(1e-4, help="peak learning rate"),
+    optimizer: str = typer.Option("adafactor", help="adafactor or adamw"),
+    n: int = typer.Option(64, help="eval prompts completed at each checkpoint"),
+    seed: int = typer.Option(0, help="seed for the data order, dropout and the offline set"),
+    methods: str | None = MethodsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Instruction-tune each watermarked model (LoRA or full); plot detection against steps."""
+    from openstamp.attacks.instruct import InstructConfig, run_instruct
+
+    setup_logging(quiet)
+    cfg = InstructConfig(
+        data=data,
+        corpora=corpora,
+        examples=examples,
+        mode=mode,
+        steps=steps,
+        every=every,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        optimizer=optimizer,
+        n=n,
+        seed=seed,
+        methods=_methods(methods),
+    )
+    start = time.perf_counter()
+    run_instruct(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
