@@ -76,13 +76,48 @@ def test_ties_elects_the_sign_and_trims_to_the_density():
     assert torch.equal(dare, again)
 
 
+@pytest.mark.parametrize(("how", "density"), [("ties", 1.0), ("ties", 0.4), ("dare_ties", 1.0), ("dare_ties", 0.4)])
+def test_task_merges_equal_mergekit(how, density):
+    """Where mergekit is installed: its merge of the same tensors, bit for bit (DARE: the same seed)."""
+    registry = pytest.importorskip("mergekit.merge_methods.registry")
+    from mergekit.merge_methods.base import TensorGroup
+
+    base, a = _pair(3)
+    b, _ = _pair(4)
+    group = TensorGroup.from_tensors([base, a, b], base_index=0)
+    torch.manual_seed(5)  # mergekit draws DARE's drops from the global generator
+    theirs = registry.get(how).merge_group(
+        group,
+        weight={1: 0.3, 2: 0.7},
+        density={1: density, 2: density},
+        normalize=how == "ties",
+        rescale=how == "dare_ties",
+        int8_mask=False,
+        **{"lambda": 1.0},
+    )
+    ours = task_merge(base, [a, b], [0.3, 0.7], density, how, torch.Generator().manual_seed(5))
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0])
+def test_slerp_equals_mergekit(t):
+    mergekit_slerp = pytest.importorskip("mergekit.merge_methods.slerp").slerp
+    a, b = _pair(6)
+    assert torch.equal(slerp(a, b, t), mergekit_slerp(torch.tensor([t]), a[None], b[None])[0])
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_merge_models_keeps_ties_and_hits_the_endpoints(tied, tokenizer):
     model, other, base = (make_model(tied, len(tokenizer), seed=s) for s in (0, 1, 2))
     original = {k: p.detach().clone() for k, p in model.named_parameters()}
-    merged = make_model(tied, len(tokenizer), seed=0)
-    merge_models(merged, other, "slerp", 0.0)
-    assert all(torch.equal(p, original[k]) for k, p in merged.named_parameters())
+    for how in ("linear", "slerp", "ties", "dare_ties"):
+        merged = make_model(tied, len(tokenizer), seed=0)
+        merge_models(merged, other, how, 0.0, base, density=1.0)
+        close = (torch.allclose(p, original[k], rtol=0, atol=1e-6) for k, p in merged.named_parameters())
+        assert all(close), how  # linear and slerp exactly; ties and dare_ties up to base + (W - base) rounding
+    exact = make_model(tied, len(tokenizer), seed=0)
+    merge_models(exact, other, "slerp", 0.0)
+    assert all(torch.equal(p, original[k]) for k, p in exact.named_parameters())
     for how in ("linear", "slerp", "ties", "dare_ties"):
         copy_ = make_model(tied, len(tokenizer), seed=0)
         merge_models(copy_, other, how, 1.0, base, density=1.0)
@@ -140,3 +175,13 @@ def test_merge_cli(eval_dir, tmp_path):
     assert json.loads((tmp_path / "m" / "settings.json").read_text())["t"] == [0.3]
     bad = runner.invoke(app, [*args, "--t", "1.2"])
     assert bad.exit_code == 2 and "[0, 1]" in bad.output
+
+
+def test_merge_cli_refuses_a_model_of_another_vocabulary(eval_dir, tokenizer, tmp_path):
+    other = tmp_path / "other-vocab"
+    make_model(False, len(tokenizer) + 20).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    args = ["attack", "merge", "--eval", str(eval_dir), "--out", str(tmp_path / "m"), "--with", str(other)]
+    bad = runner.invoke(app, args)
+    assert bad.exit_code == 2 and "vocabulary" in bad.output
+    assert not (tmp_path / "m" / "settings.json").exists()

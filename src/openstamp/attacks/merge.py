@@ -209,11 +209,11 @@ def merge_models(
 def run_merge(eval_dir: Path, out: Path, cfg: MergeConfig, progress: bool = True) -> dict:
     """Merge each weight-level run's watermarked model with ``cfg.with_model`` at every setting; detect."""
     ev = open_eval(eval_dir)
-    prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
     runs, skipped = weight_runs(ev, cfg.methods)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     other = base if cfg.with_model is None else load_model(cfg.with_model, dtype=ev.cfg.dtype, device=ev.cfg.device)[0]
-    check_compatible(base, other)
+    check_compatible(base, other)  # before anything is written, so a corrected --with can reuse --out
+    prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
     n = min(cfg.n or len(ev.windows), len(ev.windows))
     windows = quality_windows(ev, tokenizer, cfg.ppl_windows, cfg.seq_len)
     other_ppl = cached_perplexity(out / "ppl" / "with_model.json", other, windows)
