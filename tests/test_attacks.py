@@ -301,7 +301,8 @@ def test_selector_inversion_control_agrees_and_other_seeds_do_not(model_dir, cor
 
 def test_attack_cli(eval_dir, tmp_path):
     listing = runner.invoke(app, ["attack", "--help"])
-    for name in ("paraphrase", "finetune", "quantize", "reinit-head", "edit", "selector-inversion"):
+    names = ("paraphrase", "finetune", "quantize", "reinit-head", "edit", "selector-inversion", "merge", "prune")
+    for name in (*names, "instruct"):
         assert name in listing.output
     result = runner.invoke(
         app, ["attack", "edit", "--eval", str(eval_dir), "--out", str(tmp_path / "cli-edit"), "--delete", "0.5"]

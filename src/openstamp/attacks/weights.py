@@ -102,9 +102,7 @@ def setting_table(summary: list[dict], column: str, key: str, digits: int = 3) -
 
 def tpr_and_ppl_plot(summary: list[dict], x: str, group: str, path: Path, xlabel: str, title: str) -> Path:
     """Two panels against the setting ``x``: TPR@1%FPR and held-out perplexity, a line per (method, group)."""
-    fig, first = new_figure(10.0, 4.0)
-    axes = [first, fig.add_subplot(1, 2, 2)]
-    first.set_subplotspec(fig.add_gridspec(1, 2)[0])
+    fig, axes = new_figure(10.0, 4.0, ncols=2)
     lines = dict.fromkeys((s["method"], s[group]) for s in summary)
     for method, setting in lines:
         points = sorted((s for s in summary if (s["method"], s[group]) == (method, setting)), key=lambda s: s[x])
