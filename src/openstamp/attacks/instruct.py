@@ -44,7 +44,7 @@ class InstructConfig(TrainConfig):
 
     data: str | None = option(None, "local .jsonl (alpaca or messages rows), hf:NAME[:CONFIG][:SPLIT], or None")
     corpora: str = option("news,wikipedia", "packaged corpora the offline set is built from when data is None")
-    examples: int = option(256, "examples built (offline set) or read (at most) from data")
+    examples: int = option(256, "at most this many examples are built (offline set) or read from data")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,7 +53,8 @@ class InstructConfig(TrainConfig):
 
 
 def build_offline_set(corpora: str, count: int, seed: int = 0) -> list[dict]:
-    """Alpaca rows from the key half of packaged corpora: continue a passage, give a title, first sentence."""
+    """At most ``count`` alpaca rows from the key half of the corpora, one per document, cycling through
+    three tasks: continue a passage, give a title (a Wikipedia page's own), repeat the first sentence."""
     docs = [d for spec in corpora.split(",") if spec.strip() for d in split_documents(load_documents(spec), "key")]
     rng = np.random.default_rng(seed)
     rows = []
@@ -63,12 +64,17 @@ def build_offline_set(corpora: str, count: int, seed: int = 0) -> list[dict]:
         first = text.split(". ")[0].rstrip(".") + "."
         tasks = (
             ("Continue this passage:", " ".join(words[:30]), " ".join(words[30:60])),
-            ("Give a short title for this text.", " ".join(words[:50]), " ".join(words[:6]).title()),
+            ("Give a short title for this text.", " ".join(words[:50]), _title(docs[index].id, words)),
             ("Repeat the first sentence of this text.", " ".join(words[:50]), first),
         )
         instruction, given, answer = tasks[len(rows) % 3]
         rows.append({"instruction": instruction, "input": given, "output": answer})
     return rows
+
+
+def _title(doc_id: str, words: list[str]) -> str:
+    """A packaged Wikipedia page's own title (its id is wikipedia:PAGE:TITLE), else the first six words."""
+    return doc_id.split(":", 2)[2] if doc_id.startswith("wikipedia:") else " ".join(words[:6]).title()
 
 
 def read_examples(spec: str, limit: int) -> list[dict]:
