@@ -148,3 +148,42 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return root
+
+
+ATTACK_METHODS = ("openstamp-nosem", "unremovable", "kgw")  # two weight-level methods and a decode-time one
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, tokenizer):
+    """The untied tiny Llama the attack tests watermark (vocab rows beyond the tokenizer included)."""
+    path = tmp_path_factory.mktemp("tiny-attack")
+    make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def eval_dir(model_dir, corpus_file, tmp_path_factory):
+    """A finished tiny evaluation: 8 prompts, 32-token completions, no perplexity oracle."""
+    from openstamp.config import EvalConfig
+    from openstamp.evaluation.pipeline import run_eval
+
+    out = tmp_path_factory.mktemp("eval")
+    cfg = EvalConfig.from_dict(
+        {
+            "model": str(model_dir),
+            "methods": list(ATTACK_METHODS),
+            "corpus": str(corpus_file),
+            "key_corpus": str(corpus_file),
+            "n": 8,
+            "prompt_tokens": 8,
+            "new_tokens": 32,
+            "batch_size": 4,
+            "score_batch_size": 4,
+            "oracle": "none",
+            "method_settings": {"openstamp-nosem": {"profile": "small", "n_lists": 8}},
+            "strengths": {"openstamp-nosem": 2.0, "unremovable": 2.0, "kgw": 3.0},
+        }
+    )
+    run_eval(cfg, out, progress=False)
+    return out

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import ATTACK_METHODS as METHODS
 from conftest import make_corpus, make_model
 from typer.testing import CliRunner
 
@@ -21,49 +22,14 @@ from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_m
 from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit
 from openstamp.attacks.similarity import measure_quality, ngram_survival
 from openstamp.cli import app
-from openstamp.config import EvalConfig
 from openstamp.corpus import Document
-from openstamp.evaluation.pipeline import run_eval
 from openstamp.evaluation.report import write_report
 from openstamp.patch import head
 
 runner = CliRunner()
-METHODS = ("openstamp-nosem", "unremovable", "kgw")  # two weight-level methods and a decode-time one
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}Answer: {% endif %}"
 )
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("tiny-attack")
-    make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def eval_dir(model_dir, corpus_file, tmp_path_factory):
-    """A finished tiny evaluation: 8 prompts, 32-token completions, no perplexity oracle."""
-    out = tmp_path_factory.mktemp("eval")
-    cfg = EvalConfig.from_dict(
-        {
-            "model": str(model_dir),
-            "methods": list(METHODS),
-            "corpus": str(corpus_file),
-            "key_corpus": str(corpus_file),
-            "n": 8,
-            "prompt_tokens": 8,
-            "new_tokens": 32,
-            "batch_size": 4,
-            "score_batch_size": 4,
-            "oracle": "none",
-            "method_settings": {"openstamp-nosem": {"profile": "small", "n_lists": 8}},
-            "strengths": {"openstamp-nosem": 2.0, "unremovable": 2.0, "kgw": 3.0},
-        }
-    )
-    run_eval(cfg, out, progress=False)
-    return out
 
 
 def _section_in_report(eval_dir, out) -> str:
@@ -335,7 +301,8 @@ def test_selector_inversion_control_agrees_and_other_seeds_do_not(model_dir, cor
 
 def test_attack_cli(eval_dir, tmp_path):
     listing = runner.invoke(app, ["attack", "--help"])
-    for name in ("paraphrase", "finetune", "quantize", "reinit-head", "edit", "selector-inversion"):
+    names = ("paraphrase", "finetune", "quantize", "reinit-head", "edit", "selector-inversion", "merge", "prune")
+    for name in (*names, "instruct"):
         assert name in listing.output
     result = runner.invoke(
         app, ["attack", "edit", "--eval", str(eval_dir), "--out", str(tmp_path / "cli-edit"), "--delete", "0.5"]

@@ -23,13 +23,13 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from openstamp.attacks.common import config_dict, prepare_out
-from openstamp.attacks.finetune import training_windows
 from openstamp.attacks.report import fmt, md_table, new_figure, publish, save_figure
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
 from openstamp.hidden import final_hidden
 from openstamp.models import load_model, model_device
 from openstamp.patch import head, untie
+from openstamp.training import training_windows
 
 log = logging.getLogger(__name__)
 

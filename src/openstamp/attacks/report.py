@@ -39,13 +39,14 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric_from:
     return lines
 
 
-def new_figure(width: float = 5.5, height: float = 4.2):
+def new_figure(width: float = 5.5, height: float = 4.2, ncols: int = 1):
+    """A figure and its axis (an array of ``ncols`` axes side by side when ncols > 1)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width, height))
+    return plt.subplots(1, ncols, figsize=(width, height))
 
 
 def save_figure(fig, path: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from openstamp.cli import durability  # noqa: F401  (registers merge, prune, instruct on attack_app)
 from openstamp.cli.attack import attack_app
 from openstamp.cli.audit import audit
 from openstamp.cli.calibrate import calibrate

@@ -15,7 +15,10 @@ from openstamp.cli.common import console, friendly_errors, out, setup_logging
 
 attack_app = typer.Typer(
     name="attack",
-    help="Attack watermarked text and models (paraphrase, fine-tune, quantize, re-train lm_head, edit, invert S).",
+    help=(
+        "Attack watermarked text and models (paraphrase, fine-tune, quantize, re-train lm_head, edit, invert S, "
+        "merge, prune, instruction-tune)."
+    ),
     no_args_is_help=True,
 )
 

@@ -1,0 +1,152 @@
+"""openstamp attack merge | prune | instruct: what people do to open weights (issue 17).
+
+Registered on the ``attack`` group like the other attacks: each reads a finished ``openstamp
+eval`` run (``--eval``), writes resumable outputs to ``--out`` and adds its section to the
+eval's report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from openstamp.cli.attack import EvalOption, MethodsOption, QuietOption, _finish, _methods, attack_app
+from openstamp.cli.common import friendly_errors, setup_logging
+
+
+def _numbers(text: str, name: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--{name} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"--{name} needs at least one value")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip().lower().replace("-", "_") for v in text.split(",") if v.strip())
+
+
+@attack_app.command()
+@friendly_errors
+def merge(
+    eval_dir: Path = EvalOption,
+    out_dir: Path = typer.Option(Path("runs/merge"), "--out", help="output directory (resumable)"),
+    with_model: str | None = typer.Option(
+        None, "--with", help="model merged in: the eval's base model (default), a fine-tune, hub id, dir or alias"
+    ),
+    method: str = typer.Option("linear,slerp,ties,dare_ties", help="comma-separated: linear, slerp, ties, dare_ties"),
+    t: str = typer.Option("0.1,0.3,0.5,0.7", "--t", help="comma-separated weights of the other model (linear, slerp)"),
+    task_t: float = typer.Option(0.5, help="weight of the other model for ties and dare_ties"),
+    density: float = typer.Option(0.5, help="fraction of each task vector kept (ties, dare_ties)"),
+    seed: int = typer.Option(0, help="seed of DARE's drops"),
+    n: int | None = typer.Option(None, help="eval prompts completed per setting (default: all)"),
+    ppl_windows: int = typer.Option(16, help="held-out windows for perplexity"),
+    seq_len: int = typer.Option(128, help="tokens per perplexity window"),
+    methods: str | None = MethodsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Merge each watermarked model with another (linear, SLERP, TIES, DARE-TIES); detect and measure quality."""
+    from openstamp.attacks.merge import MergeConfig, run_merge
+
+    setup_logging(quiet)
+    cfg = MergeConfig(
+        with_model=with_model,
+        merges=_names(method),
+        t=_numbers(t, "t"),
+        task_t=task_t,
+        density=density,
+        seed=seed,
+        n=n,
+        ppl_windows=ppl_windows,
+        seq_len=seq_len,
+        methods=_methods(methods),
+    )
+    start = time.perf_counter()
+    run_merge(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
+
+
+@attack_app.command()
+@friendly_errors
+def prune(
+    eval_dir: Path = EvalOption,
+    out_dir: Path = typer.Option(Path("runs/prune"), "--out", help="output directory (resumable)"),
+    method: str = typer.Option("wanda", help="wanda (|W| x input norm, per row) or magnitude (|W|, per layer)"),
+    sparsity: str = typer.Option("0.1,0.2,0.3,0.4,0.5", help="comma-separated fractions of each layer zeroed"),
+    include_head: bool = typer.Option(False, help="prune lm_head too (untied first)"),
+    calibration: str = typer.Option("wikipedia", help="corpus of Wanda's calibration windows"),
+    calibration_windows: int = typer.Option(8, help="calibration windows"),
+    seq_len: int = typer.Option(128, help="tokens per calibration and perplexity window"),
+    n: int | None = typer.Option(None, help="eval prompts completed per sparsity (default: all)"),
+    ppl_windows: int = typer.Option(16, help="held-out windows for perplexity"),
+    methods: str | None = MethodsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Prune each watermarked model (Wanda or magnitude) at several sparsities; detect and measure quality."""
+    from openstamp.attacks.prune import PruneConfig, run_prune
+
+    setup_logging(quiet)
+    cfg = PruneConfig(
+        pruner=method.strip().lower(),
+        sparsities=_numbers(sparsity, "sparsity"),
+        include_head=include_head,
+        calibration=calibration,
+        calibration_windows=calibration_windows,
+        seq_len=seq_len,
+        n=n,
+        ppl_windows=ppl_windows,
+        methods=_methods(methods),
+    )
+    start = time.perf_counter()
+    run_prune(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
+
+
+@attack_app.command()
+@friendly_errors
+def instruct(
+    eval_dir: Path = EvalOption,
+    out_dir: Path = typer.Option(Path("runs/instruct"), "--out", help="output directory (resumable)"),
+    data: str | None = typer.Option(
+        None, help="local .jsonl (alpaca or messages rows) or hf:NAME[:CONFIG][:SPLIT]; default: built offline"
+    ),
+    corpora: str = typer.Option("news,wikipedia", help="packaged corpora of the offline set"),
+    examples: int = typer.Option(256, help="examples built or read (at most)"),
+    mode: str = typer.Option("lora", help="lora (rank 16 on blocks + lm_head) or full"),
+    steps: int = typer.Option(300, help="optimizer steps"),
+    every: int = typer.Option(50, help="generate and detect every this many steps"),
+    batch_size: int = typer.Option(4, help="examples per step"),
+    seq_len: int = typer.Option(128, help="tokens per example (prompt + response, truncated)"),
+    lr: float = typer.Option(1e-4, help="peak learning rate"),
+    optimizer: str = typer.Option("adafactor", help="adafactor or adamw"),
+    n: int = typer.Option(64, help="eval prompts completed at each checkpoint"),
+    seed: int = typer.Option(0, help="seed for the data order, dropout and the offline set"),
+    methods: str | None = MethodsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Instruction-tune each watermarked model (LoRA or full); plot detection against steps."""
+    from openstamp.attacks.instruct import InstructConfig, run_instruct
+
+    setup_logging(quiet)
+    cfg = InstructConfig(
+        data=data,
+        corpora=corpora,
+        examples=examples,
+        mode=mode,
+        steps=steps,
+        every=every,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        optimizer=optimizer,
+        n=n,
+        seed=seed,
+        methods=_methods(methods),
+    )
+    start = time.perf_counter()
+    run_instruct(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
