@@ -326,8 +326,21 @@ def scale_out() -> list[str]:
             for k, v in ray["walls_s"].items()
         )
         loads = ray.get("load_avg_1min")
-        load_text = f" (1-minute load average at each round's start: {', '.join(f'{x:.1f}' for x in loads)})"
-        out += [f"Walls per round, in seconds: {walls}{load_text if loads else ''}.", ""]
+        if loads:
+            walls += f" (1-minute load average at each round's start: {', '.join(f'{x:.1f}' for x in loads)})"
+        out += [f"Walls per round, in seconds: {walls}.", ""]
+    km = load("kmeans_backends")
+    if km is not None:
+        sk, tk = km["backends"]["sklearn"], km["backends"]["torch"]
+        out += [
+            f"The selector's k-means (`python benchmarks/kmeans_backends.py`, {km['model']}, {km['states_train']:,} "
+            f"training states of width {km['hidden_size']}, L {km['lists']}, no P, {km['threads']} thread(s) on "
+            f"{km['device']}): scikit-learn {sk['wall_s']:.0f} s, inertia {sk['inertia_per_state']:.1f} per state, "
+            f"held-out selector accuracy {sk['heldout_accuracy']:.3f}; torch ({tk['rounds']} Lloyd rounds) "
+            f"{tk['wall_s']:.0f} s, inertia {tk['inertia_per_state']:.1f}, held-out accuracy "
+            f"{tk['heldout_accuracy']:.3f}. The torch path exists for GPUs; on a CPU scikit-learn stays the default.",
+            "",
+        ]
     mem = load("key_memory")
     if mem is not None:
         by = {(p["mode"], p["n_states"]): p for p in mem["points"]}
