@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -257,6 +258,12 @@ def test_reinit_head_recovers_some_quality_and_keeps_the_embeddings(
     assert [h["step"] for h in results["history"]] == [0, 10, 20, 30]
     assert ppl[-1] < 0.5 * ppl[0] and results["baseline_ppl"] > 1
     assert "Watermarked baseline" in _section_in_report(eval_dir, out)
+    # the plateau is the first checkpoint within 2% of the last one, and every window was seen 30*4/64 times
+    first = next(h for h in results["history"][1:] if h["ppl"] <= ppl[-1] * 1.02)
+    assert results["plateau_step"] == first["step"] and results["epochs"] == pytest.approx(30 * 4 / 64)
+    assert results["final_over_baseline"] == pytest.approx(ppl[-1] / results["baseline_ppl"])
+    everything = run_reinit(str(model_dir), tmp_path / "all", replace(cfg, train_windows=0, steps=10), progress=False)
+    assert everything["train_tokens_distinct"] > 64 * 32  # 0: every window of the key half
     model, _ = load_model(str(model_dir))
     embeddings = model.get_input_embeddings().weight.detach().clone()
     new = torch.randn_like(head(model).weight)

@@ -36,13 +36,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class ReinitConfig:
-    corpus: str = option("wikipedia", "training text; its key half trains, its held-out half measures perplexity")
+    corpus: str = option(
+        "news,wikipedia", "comma-separated training text; the key halves train, the held-out halves measure perplexity"
+    )
     steps: int = option(500, "optimizer steps on the new head (the paper: 2,500 and 25,000)")
     every: int = option(100, "measure held-out perplexity after every this many steps")
     batch_size: int = option(8, "windows per step")
     seq_len: int = option(128, "tokens per window")
     lr: float = option(1e-3, "peak AdamW learning rate (5% warm-up, cosine decay)")
-    train_windows: int = option(512, "distinct training windows whose hidden states are cached")
+    train_windows: int = option(0, "distinct training windows whose hidden states are cached (0: every one)")
     eval_windows: int = option(32, "held-out windows for perplexity")
     init_std: float | None = option(None, "std of the new head's entries (default: the model's initializer_range)")
     batch_forward: int = option(8, "windows per backbone forward when caching hidden states")
@@ -51,7 +53,8 @@ class ReinitConfig:
     def __post_init__(self) -> None:
         check(self.steps >= 1 and 1 <= self.every <= self.steps, "need steps >= 1 and 1 <= every <= steps")
         check(
-            min(self.batch_size, self.train_windows, self.eval_windows, self.batch_forward) >= 1, "sizes must be >= 1"
+            min(self.batch_size, self.eval_windows, self.batch_forward) >= 1 and self.train_windows >= 0,
+            "sizes must be >= 1 (train_windows >= 0)",
         )
         check(self.seq_len >= 8 and self.lr > 0, "need seq_len >= 8 and lr > 0")
         check(self.init_std is None or self.init_std > 0, "init_std must be > 0")
@@ -148,12 +151,12 @@ def run_reinit(
     """Measure held-out perplexity of the model, of a re-initialised head, and as the new head trains."""
     prepare_out(out, {"model": model_spec, **config_dict(cfg)})
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device)
-    docs = load_documents(cfg.corpus)
+    docs = [d for spec in cfg.corpus.split(",") if spec.strip() for d in load_documents(spec.strip())]
     generator = torch.Generator().manual_seed(cfg.seed)
 
     def sample(part: str, count: int) -> torch.Tensor:
         windows = training_windows(tokenizer, split_documents(docs, part), cfg.seq_len)
-        return windows[torch.randperm(len(windows), generator=generator)[:count]]
+        return windows[torch.randperm(len(windows), generator=generator)[: count or len(windows)]]
 
     train_ids, held_ids = sample("key", cfg.train_windows), sample("heldout", cfg.eval_windows)
     if progress:
@@ -178,11 +181,34 @@ def run_reinit(
         "train_tokens_distinct": int(train_ids.numel()),
         "heldout_tokens": int(held_ids.numel()),
         "history": history,
+        "epochs": cfg.steps * cfg.batch_size / len(train_ids),
+        **plateau(history, baseline),
     }
     body = _section(model_spec, cfg, results)
     plot = _plot(results, out / "reinit_ppl.png")
     publish(out, "reinit-head", "re-initialised and retrained lm_head", body, [plot], results, eval_dir)
     return results
+
+
+def plateau(history: list[dict], baseline: float, tolerance: float = 0.02) -> dict:
+    """Where training stops paying: the first checkpoint within ``tolerance`` of the last one's perplexity.
+
+    Also the last perplexity against the watermarked model's (``final_over_baseline``) and the
+    relative gain over the last interval, which says whether it had flattened by the end.
+    """
+    trained = [h for h in history if h["step"] > 0]
+    if not trained:
+        return {}
+    last = trained[-1]["ppl"]
+    first = next(h for h in trained if h["ppl"] <= last * (1 + tolerance))
+    gain = (trained[-2]["ppl"] - last) / trained[-2]["ppl"] if len(trained) > 1 else None
+    return {
+        "plateau_step": first["step"],
+        "plateau_ppl": first["ppl"],
+        "plateau_tolerance": tolerance,
+        "final_over_baseline": last / baseline,
+        "last_interval_gain": gain,
+    }
 
 
 def _float(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -197,12 +223,27 @@ def _section(model_spec: str, cfg: ReinitConfig, results: dict) -> list[str]:
     return [
         f"lm_head of `{model_spec}` was untied from the input embeddings (kept), re-initialised from "
         f"N(0, {results['init_std']:g}²) without a bias, and retrained alone with the backbone frozen on "
-        f"`{cfg.corpus}` (key half; {results['train_tokens_distinct']:,} distinct tokens in {cfg.train_windows} "
-        f"windows of {cfg.seq_len}, batch {cfg.batch_size}, AdamW at peak learning rate {cfg.lr:g} with 5% warm-up "
+        f"`{cfg.corpus}` (key halves; {results['train_tokens_distinct']:,} distinct tokens in "
+        f"{results['train_tokens_distinct'] // cfg.seq_len:,} windows of {cfg.seq_len}, "
+        f"{results['epochs']:.2f} epochs, "
+        f"batch {cfg.batch_size}, AdamW at peak learning rate {cfg.lr:g} with 5% warm-up "
         f"and cosine decay). Perplexity is measured on {results['heldout_tokens']:,} tokens of the corpus's held-out "
         "half (the paper: 2,500 steps = 80M tokens and 25,000 steps = 800M tokens on FineWeb).",
         "",
         *md_table(["condition", "tokens seen", "held-out PPL"], rows),
+        *_plateau_text(results),
+    ]
+
+
+def _plateau_text(results: dict) -> list[str]:
+    if "plateau_step" not in results:
+        return []
+    gain = results["last_interval_gain"]
+    return [
+        "",
+        f"Perplexity was within {results['plateau_tolerance']:.0%} of its final value from step "
+        f"{results['plateau_step']:,} on; the final value is {results['final_over_baseline']:.2f}x the watermarked "
+        f"model's" + (f", and the last interval still gained {gain:.1%}." if gain is not None else "."),
     ]
 
 

@@ -150,13 +150,15 @@ def quantize(
 def reinit_head(
     model: str = typer.Option(..., "--model", "-m", help="the watermarked model (directory, hub id or alias)"),
     out_dir: Path = typer.Option(Path("runs/reinit"), "--out", help="output directory"),
-    corpus: str = typer.Option("wikipedia", help="training text (key half) and perplexity text (held-out half)"),
+    corpus: str = typer.Option(
+        "news,wikipedia", help="comma-separated training text (key halves) and perplexity text (held-out halves)"
+    ),
     steps: int = typer.Option(500, help="optimizer steps"),
     every: int = typer.Option(100, help="measure perplexity every this many steps"),
     batch_size: int = typer.Option(8, help="windows per step"),
     seq_len: int = typer.Option(128, help="tokens per window"),
     lr: float = typer.Option(1e-3, help="peak AdamW learning rate"),
-    train_windows: int = typer.Option(512, help="distinct training windows (their hidden states are cached)"),
+    train_windows: int = typer.Option(0, help="distinct training windows, hidden states cached (0: all of them)"),
     eval_windows: int = typer.Option(32, help="held-out windows for perplexity"),
     eval_dir: Path | None = typer.Option(None, "--eval", help="also add the section to this eval run's report"),
     dtype: str = typer.Option("float32", help="model dtype"),
