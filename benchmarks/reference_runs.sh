@@ -30,13 +30,22 @@ quantize_head() {
 reinit() {
   # the release that `openstamp demo` writes (default profile, delta 1)
   [ -f runs/demo/model/config.json ] || $OPENSTAMP demo --quiet
-  $OPENSTAMP attack reinit-head --model runs/demo/model --corpus wikipedia --steps 500 --every 100 \
+  # every window of all packaged text (news,wikipedia key halves): about one epoch at 500 steps, so no overfitting
+  $OPENSTAMP attack reinit-head --model runs/demo/model --corpus news,wikipedia --steps 1000 --every 100 \
     --eval $EVAL --out runs/reinit
 }
 inversion() { $OPENSTAMP attack selector-inversion --eval $EVAL --out runs/inversion; }
 finetune() {
   $OPENSTAMP attack finetune --eval $EVAL --corpus wikipedia --steps 200 --every 50 --n 32 --out runs/ft
 }
+merge() {
+  $OPENSTAMP attack merge --eval $EVAL --method linear,slerp,ties,dare_ties --t 0.1,0.3,0.5,0.7 --n 32 --out runs/merge
+}
+prune() {
+  $OPENSTAMP attack prune --eval $EVAL --method magnitude,wanda --sparsity 0.1,0.3,0.5 --n 32 --out runs/prune
+  $OPENSTAMP attack prune --eval $EVAL --method wanda --sparsity 0.1,0.3,0.5 --include-head --n 32 --out runs/prune-head
+}
+instruct() { $OPENSTAMP attack instruct --eval $EVAL --steps 200 --every 50 --n 32 --out runs/instruct; }
 paraphrase() {
   bash scripts/install_assets.sh qwen15  # the paraphraser is not among the default assets
   # KGW+LLR left out: 1.5B paraphrases take about 5 min per 8 completions here
@@ -48,13 +57,14 @@ keep() {
   mkdir -p $KEEP/attacks
   cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
-  for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/para; do
+  for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/para runs/merge \
+    runs/prune runs/prune-head runs/instruct; do
     if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
   done
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval edit quantize quantize_head reinit inversion finetune paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run
