@@ -42,7 +42,8 @@ merge() {
   $OPENSTAMP attack merge --eval $EVAL --method linear,slerp,ties,dare_ties --t 0.1,0.3,0.5,0.7 --n 32 --out runs/merge
 }
 prune() {
-  $OPENSTAMP attack prune --eval $EVAL --method magnitude,wanda --sparsity 0.1,0.3,0.5 --n 32 --out runs/prune
+  $OPENSTAMP attack prune --eval $EVAL --method magnitude --sparsity 0.1,0.3,0.5 --n 32 --out runs/prune-magnitude
+  $OPENSTAMP attack prune --eval $EVAL --method wanda --sparsity 0.1,0.3,0.5 --n 32 --out runs/prune
   $OPENSTAMP attack prune --eval $EVAL --method wanda --sparsity 0.1,0.3,0.5 --include-head --n 32 --out runs/prune-head
 }
 instruct() { $OPENSTAMP attack instruct --eval $EVAL --steps 200 --every 50 --n 32 --out runs/instruct; }
@@ -58,7 +59,7 @@ keep() {
   cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
   for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/para runs/merge \
-    runs/prune runs/prune-head runs/instruct; do
+    runs/prune runs/prune-magnitude runs/prune-head runs/instruct; do
     if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
   done
 }
