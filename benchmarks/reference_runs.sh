@@ -17,7 +17,8 @@ mkdir -p runs/logs
 
 eval_run() {
   # news alone holds 127 prompt windows of 50+200 tokens, so the prompts mix news and wikipedia (the default)
-  $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr \
+  # every registered method (openstamp.methods.REGISTRY)
+  $OPENSTAMP eval --model smollm2-135m \
     --n 200 --out $EVAL
 }
 edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }

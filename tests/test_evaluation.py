@@ -10,7 +10,7 @@ from openstamp.config import EvalConfig
 from openstamp.evaluation.report import COLUMNS, _digits, fmt
 
 runner = CliRunner()
-METHODS = ("openstamp", "openstamp-nosem", "unremovable", "gaussmark", "kgw", "kgw-llr")
+METHODS = tuple(pipeline.REGISTRY)  # every registered method
 
 
 # strengths that suit the tiny random model (its weights are far larger than a trained model's)
@@ -42,7 +42,7 @@ def tiny_eval(model_dir, corpus_file, methods=METHODS, **overrides) -> EvalConfi
             "score_batch_size": 4,
             "oracle": str(model_dir),
             "method_settings": settings,
-            "strengths": {m: TINY_STRENGTHS[m] for m in methods},
+            "strengths": {m: TINY_STRENGTHS[m] for m in methods if m in TINY_STRENGTHS},
             **overrides,
         }
     )
@@ -62,7 +62,7 @@ def model_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def finished_run(model_dir, corpus_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
-    methods = [m for m in METHODS if m in pipeline.REGISTRY]
+    methods = list(METHODS)
     results = pipeline.run_eval(tiny_eval(model_dir, corpus_file, methods), out, progress=False)
     return out, results, methods
 

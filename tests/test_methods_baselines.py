@@ -14,7 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
-from openstamp.methods import REGISTRY, create
+from openstamp.methods import REGISTRY, Carrier, create
 from openstamp.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
 from openstamp.methods.gaussmark import gradient_projection, up_proj
 from openstamp.methods.kgw import _DOMAIN as KGW_DOMAIN
@@ -22,7 +22,7 @@ from openstamp.models import load_model
 from openstamp.patch import head
 from openstamp.text import encode, never_green_ids
 
-BASELINES = ("unremovable", "gaussmark", "kgw", "kgw-llr")
+BASELINES = tuple(name for name in REGISTRY if not name.startswith("openstamp"))  # every registered baseline
 TEST_STRENGTH = {"unremovable": 2.0, "gaussmark": 0.5, "kgw": 2.0, "kgw-llr": 2.0}  # strong: tiny model
 N_TEXTS, N_NEW = 32, 96
 
@@ -83,7 +83,7 @@ def built(env, name, seed=0, **overrides):
 
 
 def watermarked_texts(env, method):
-    if method.weight_level:
+    if method.carrier is Carrier.WEIGHTS:
         model, _ = load_model(str(env.dir))
         method.apply(model)
         return env.generate(model, seed=2)
@@ -152,7 +152,9 @@ def test_with_strength_keeps_the_key(env, name):
     clone = method.with_strength(2 * method.strength_value)
     assert clone.config == dataclasses.replace(method.config, **{method.strength: 2 * method.strength_value})
     assert method.strength_value == getattr(REGISTRY[name].config_class(), method.strength)
-    if method.decode_time:
+    for field_name in method.key_fields:  # the key is shared, not rebuilt
+        assert getattr(clone, field_name) is getattr(method, field_name)
+    if method.carrier is Carrier.DECODER:
         assert clone.greens is method.greens
         assert clone.logits_processor().delta == 2 * method.logits_processor().delta
     else:  # same noise, twice the scale; the z-score does not depend on the scale
@@ -347,6 +349,7 @@ def test_configs_reject_invalid_values(name, bad):
 @pytest.mark.parametrize("name", BASELINES)
 def test_methods_are_registered_with_documented_configs(name):
     cls = REGISTRY[name]
-    assert cls.decode_time == (name in ("kgw", "kgw-llr")) and cls.weight_level != cls.decode_time
+    assert (cls.carrier is Carrier.DECODER) == (name in ("kgw", "kgw-llr"))
+    assert cls.key_fields and isinstance(cls.carrier, Carrier)
     assert getattr(cls.config_class(), cls.strength) in cls.sweep
     assert all(f.metadata.get("help") for f in dataclasses.fields(cls.config_class))

@@ -223,7 +223,11 @@ class DetectConfig:
         )
 
 
-DEFAULT_METHODS = ("openstamp", "openstamp-nosem", "unremovable", "gaussmark", "kgw", "kgw-llr")
+def default_methods() -> tuple[str, ...]:
+    """Every registered method, in registration order (``openstamp.methods.REGISTRY``)."""
+    from openstamp.methods import REGISTRY
+
+    return tuple(REGISTRY)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +235,9 @@ class EvalConfig:
     """The paper's detection-vs-quality protocol (Evaluation protocol section, Table 1, Figure 2)."""
 
     model: str = option("smollm2-135m", "model to watermark (hub id, local directory or packaged alias)")
-    methods: tuple[str, ...] = option(DEFAULT_METHODS, "methods to compare (see openstamp.methods.REGISTRY)")
+    methods: tuple[str, ...] = field(
+        default_factory=default_methods, metadata={"help": "methods to compare (default: every registered one)"}
+    )
     corpus: str = option("news,wikipedia", "prompt corpora, comma-separated; windows are interleaved")
     key_corpus: str = option("wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it")
     n: int = option(200, "prompts (and watermarked samples) per method and seed")

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import EvalConfig
 from openstamp.evaluation.results import detection_metrics, load_generations
-from openstamp.methods import REGISTRY, WatermarkMethod
+from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def load_method(ev: EvalRun, run: dict, base: PreTrainedModel) -> WatermarkMetho
     method = cls(cls.config_class(**ev.cfg.method_settings.get(name, {})))
     method.load(directory)
     method = method.with_strength(run["strength"])
-    if method.weight_level:
+    if method.carrier is Carrier.WEIGHTS:
         method.apply(base)
         method.revert(base)
     return method
@@ -126,7 +126,7 @@ def load_method(ev: EvalRun, run: dict, base: PreTrainedModel) -> WatermarkMetho
 def watermarked_copy(base: PreTrainedModel, method: WatermarkMethod) -> PreTrainedModel:
     """A deep copy of ``base`` carrying the method's weight watermark (unchanged for decode-time methods)."""
     model = copy.deepcopy(base)
-    if method.weight_level:
+    if method.carrier is Carrier.WEIGHTS:
         method.apply(model)
     return model
 

@@ -37,7 +37,7 @@ from openstamp.attacks.report import fmt, md_table, negatives_note, new_figure, 
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.pipeline import generate_set
-from openstamp.methods import REGISTRY
+from openstamp.methods import REGISTRY, Carrier
 from openstamp.models import load_model
 from openstamp.storage import read_json
 from openstamp.training import TrainConfig, prepare, train, training_windows
@@ -63,7 +63,7 @@ def run_finetune(eval_dir: Path, out: Path, cfg: FinetuneConfig, progress: bool 
     ev = open_eval(eval_dir)
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
     runs = select_runs(ev, cfg.methods)
-    skipped = sorted({r["method"] for r in runs if not REGISTRY[r["method"]].weight_level})
+    skipped = sorted({r["method"] for r in runs if REGISTRY[r["method"]].carrier is not Carrier.WEIGHTS})
     runs = [r for r in runs if r["method"] not in skipped]
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     n = min(cfg.n, len(ev.windows))

@@ -205,12 +205,12 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
 
 
 def _row(run: dict, scheme: str, metrics: dict) -> dict:
-    from openstamp.methods import REGISTRY
+    from openstamp.methods import REGISTRY, Carrier
 
     return {
         **{k: run[k] for k in ("run", "method", "strength", "seed")},
         "scheme": scheme,
-        "decode_time": REGISTRY[run["method"]].decode_time,
+        "decode_time": REGISTRY[run["method"]].carrier is Carrier.DECODER,
         **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr")},
     }
 

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.attacks.common import EvalRun, attacked_metrics, cached_json, file_name, score_texts, select_runs
 from openstamp.attacks.report import fmt, md_table, new_figure, save_figure
 from openstamp.corpus import load_documents, split_documents
-from openstamp.methods import REGISTRY, WatermarkMethod
+from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import read_json
 from openstamp.training import perplexity, training_windows
 
@@ -31,7 +31,7 @@ DETECTION = ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr")
 def weight_runs(ev: EvalRun, methods: tuple[str, ...] | None) -> tuple[list[dict], list[str]]:
     """The weight-level runs to attack, and the decode-time methods skipped (their mark is not in the weights)."""
     runs = select_runs(ev, methods)
-    skipped = sorted({r["method"] for r in runs if not REGISTRY[r["method"]].weight_level})
+    skipped = sorted({r["method"] for r in runs if REGISTRY[r["method"]].carrier is not Carrier.WEIGHTS})
     return [r for r in runs if r["method"] not in skipped], skipped
 
 

@@ -15,7 +15,7 @@ def evaluate(
     out_dir: Path = typer.Option(Path("runs/eval"), "--out", help="run directory; an interrupted run resumes"),
     config: Path | None = typer.Option(None, help="YAML or JSON file of settings; flags override it"),
     model: str | None = typer.Option(None, help="model to watermark (default smollm2-135m)"),
-    methods: str | None = typer.Option(None, help="comma-separated methods (default: all six)"),
+    methods: str | None = typer.Option(None, help="comma-separated methods (default: every registered method)"),
     corpus: str | None = typer.Option(None, help="comma-separated prompt corpora (default news,wikipedia)"),
     key_corpus: str | None = typer.Option(None, help="corpus whose key half builds the keys (default wikipedia)"),
     n: int | None = typer.Option(None, help="prompts per method and seed (default 200)"),

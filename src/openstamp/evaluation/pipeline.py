@@ -25,7 +25,7 @@ from openstamp.config import EvalConfig
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.generate import sample_completions
-from openstamp.methods import REGISTRY, WatermarkMethod
+from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.models import load_model
 from openstamp.storage import atomic_write_json, read_json
 from openstamp.text import prompt_windows
@@ -58,7 +58,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
                 variant = method.with_strength(strength)
                 run = f"{name}@{strength:g}/s{seed}"
                 gen_name = generation_name(variant, strength, seed)
-                if variant.weight_level:
+                if variant.carrier is Carrier.WEIGHTS:
                     variant.apply(model)
                 try:
                     generate_set(
@@ -75,7 +75,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
                     )
                     score_own_ppl(out, gen_name, model, tokenizer, windows, variant.logits_processor(), cfg, progress)
                 finally:
-                    if variant.weight_level:
+                    if variant.carrier is Carrier.WEIGHTS:
                         variant.revert(model)
                 score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
                 runs.append(
@@ -163,8 +163,7 @@ def strengths(cfg: EvalConfig, method: WatermarkMethod) -> list[float]:
 
 def generation_name(method: WatermarkMethod, strength: float, seed: int) -> str:
     """Methods that generate alike (KGW scored two ways) share their generations."""
-    family = getattr(method, "generation_family", method.name)
-    return f"{family}@{strength:g}/s{seed}"
+    return f"{method.generation_family}@{strength:g}/s{seed}"
 
 
 def generate_set(

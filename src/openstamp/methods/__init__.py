@@ -1,6 +1,13 @@
 """Watermarking methods with one shape: OpenStamp and the open-weight and decode-time baselines."""
 
-from openstamp.methods import gaussmark, kgw, openstamp, unremovable  # noqa: F401  (registers the methods)
-from openstamp.methods.base import REGISTRY, MethodScore, WatermarkMethod, create, register
+# isort: off
+# Importing a method's module registers it; this order is the order of every table.
+from openstamp.methods import openstamp  # noqa: F401
+from openstamp.methods import unremovable  # noqa: F401
+from openstamp.methods import gaussmark  # noqa: F401
+from openstamp.methods import kgw  # noqa: F401
 
-__all__ = ["REGISTRY", "MethodScore", "WatermarkMethod", "create", "register"]
+# isort: on
+from openstamp.methods.base import REGISTRY, Carrier, MethodScore, WatermarkMethod, create, register
+
+__all__ = ["REGISTRY", "Carrier", "MethodScore", "WatermarkMethod", "create", "register"]

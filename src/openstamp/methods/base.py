@@ -1,9 +1,15 @@
 """The shape every watermark shares: build or load a key, apply it, score texts.
 
 A method is a plug-in: a frozen config dataclass plus a ``WatermarkMethod`` subclass, registered
-once with ``@register``. Weight methods patch the model in place (``apply``/``revert``);
-decode-time methods leave the weights alone and hand generation a logits processor.
-Detection always uses the owner's private *original* model (``base``), never the release.
+once with ``@register``. Its ``carrier`` says where the watermark lives: ``Carrier.WEIGHTS``
+methods patch the model in place (``apply``/``revert``); ``Carrier.DECODER`` methods leave the
+weights alone and hand generation a logits processor. ``key_fields`` names the attributes that
+hold the key, so one key serves every strength (``with_strength``). Detection always uses the
+owner's private *original* model (``base``), never the release.
+
+Adding a method: a module with its config and class under ``openstamp/methods/``, one import
+line in ``openstamp/methods/__init__.py`` (its registration), and its test. Everything that
+lists methods (the eval's default, the CLI, the tests) reads ``REGISTRY``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +28,13 @@ from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBa
 from openstamp.corpus import Document
 
 REGISTRY: dict[str, type[WatermarkMethod]] = {}
+
+
+class Carrier(str, Enum):
+    """Where a watermark lives: in the released weights, or in the decoder's logits processor."""
+
+    WEIGHTS = "weights"
+    DECODER = "decoder"
 
 
 @dataclass
@@ -37,15 +51,17 @@ class WatermarkMethod(ABC):
     """Base class of OpenStamp and every baseline.
 
     Subclasses set ``name``, ``config_class`` (a frozen dataclass whose fields carry help
-    text), ``strength`` (the config field swept for the Pareto plot) and ``sweep`` (its grid).
+    text), ``strength`` (the config field swept for the Pareto plot), ``sweep`` (its grid),
+    ``key_fields`` (the attributes ``build``/``load`` set: the key) and, for a decode-time
+    method, ``carrier = Carrier.DECODER``.
     """
 
     name: ClassVar[str]
     config_class: ClassVar[type]
     strength: ClassVar[str]
     sweep: ClassVar[tuple[float, ...]]
-    decode_time: ClassVar[bool] = False
-    weight_level: ClassVar[bool] = True
+    key_fields: ClassVar[tuple[str, ...]]
+    carrier: ClassVar[Carrier] = Carrier.WEIGHTS
 
     def __init__(self, config: Any | None = None) -> None:
         self.config = config if config is not None else self.config_class()
@@ -70,15 +86,21 @@ class WatermarkMethod(ABC):
     def load(self, directory: Path) -> None:
         """Read a key written by ``save``."""
 
+    @property
+    def generation_family(self) -> str:
+        """Methods whose generations are equal share them in an evaluation (default: the method's own)."""
+        return self.name
+
     def with_strength(self, value: float) -> WatermarkMethod:
         """The same key at another strength (the sweep re-uses a key across strengths)."""
         clone = type(self)(dataclasses.replace(self.config, **{self.strength: value}))
-        clone._share_key_from(self)
+        for name in self.key_fields:
+            setattr(clone, name, getattr(self, name))
+        clone.rekey()
         return clone
 
-    def _share_key_from(self, other: WatermarkMethod) -> None:
-        """Copy the key state from ``other`` (override when the key depends on the strength)."""
-        self.__dict__.update({k: v for k, v in other.__dict__.items() if k != "config"})
+    def rekey(self) -> None:  # noqa: B027 - most keys do not depend on the strength
+        """Fit a key shared by ``with_strength`` to this instance's config (when the key holds the strength)."""
 
     # -- use ---------------------------------------------------------------------------------
 

@@ -140,6 +140,7 @@ class GaussMark(WatermarkMethod):
     config_class = GaussMarkConfig
     strength = "sigma"
     sweep = (0.05, 0.1, 0.15, 0.2, 0.25)  # for SmolLM2-135M (sigma/std 0.24..1.2); see the module docstring
+    key_fields = ("noise",)
     noise: torch.Tensor  # float32 (intermediate, hidden), standard normal
     _saved: torch.Tensor | None = None  # the original weight while applied
 
@@ -156,10 +157,6 @@ class GaussMark(WatermarkMethod):
     def load(self, directory: Path) -> None:
         self.config, tensors = load_key(directory, self.config_class)
         self.noise = tensors["noise"]
-
-    def _share_key_from(self, other: WatermarkMethod) -> None:
-        self.noise = other.noise
-        self.config = dataclasses.replace(self.config, layer=other.config.layer)
 
     def perturbation(self) -> torch.Tensor:
         """xi = sigma * noise, float32 (intermediate, hidden)."""

@@ -33,7 +33,7 @@ from transformers import LogitsProcessor
 from openstamp.config import option
 from openstamp.hidden import final_hidden
 from openstamp.key.prf import green_threshold
-from openstamp.methods.base import MethodScore, WatermarkMethod, register
+from openstamp.methods.base import Carrier, MethodScore, WatermarkMethod, register
 from openstamp.methods.common import (
     keyed_uint32,
     load_key,
@@ -115,8 +115,8 @@ class KGW(WatermarkMethod):
     config_class = KGWConfig
     strength = "delta"
     sweep = (0.7, 1.0, 1.2, 1.4, 1.5, 1.7, 2.0)  # from the paper's 0.7..2.0 grid; 1.5 is representative
-    decode_time = True
-    weight_level = False
+    key_fields = ("greens",)
+    carrier = Carrier.DECODER
     greens: GreenLists
 
     def build(self, model, tokenizer, documents, seed) -> None:
@@ -137,9 +137,6 @@ class KGW(WatermarkMethod):
         self.config, t = load_key(directory, self.config_class)
         secret = bytes(t["secret"].tolist())
         self.greens = GreenLists(secret, int(t["vocab_size"][0]), self.config.gamma, t["excluded"].tolist())
-
-    def _share_key_from(self, other: WatermarkMethod) -> None:
-        self.greens = other.greens
 
     @property
     def generation_family(self) -> str:

@@ -44,6 +44,7 @@ class OpenStamp(WatermarkMethod):
     config_class = OpenStampConfig
     strength = "delta"
     sweep = (0.3, 0.6, 0.9, 1.2)
+    key_fields = ("key",)
     key: WatermarkKey
 
     def build(self, model, tokenizer, documents, seed) -> None:
@@ -70,8 +71,8 @@ class OpenStamp(WatermarkMethod):
     def load(self, directory: Path) -> None:
         self.key = WatermarkKey.load(directory / "key")
 
-    def _share_key_from(self, other: WatermarkMethod) -> None:
-        self.key = dataclasses.replace(other.key, delta=self.config.delta, meta=dict(other.key.meta))
+    def rekey(self) -> None:
+        self.key = dataclasses.replace(self.key, delta=self.config.delta, meta=dict(self.key.meta))
 
     def apply(self, model) -> None:
         apply_watermark(model, self.key)  # a tied model is re-tied: its input embeddings hold U~ too

@@ -51,6 +51,7 @@ class Unremovable(WatermarkMethod):
     config_class = UnremovableConfig
     strength = "epsilon"
     sweep = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # the paper's grid; 0.8 is its representative value
+    key_fields = ("noise", "excluded")
     noise: torch.Tensor  # float32 (|V|,), standard normal; zero on excluded ids
     excluded: torch.Tensor  # long (k,), ids that carry no bias and are never scored
     _saved: tuple[torch.Tensor | None] | None = None  # the head's bias before ``apply``
@@ -71,9 +72,6 @@ class Unremovable(WatermarkMethod):
     def load(self, directory: Path) -> None:
         self.config, tensors = load_key(directory, self.config_class)
         self.noise, self.excluded = tensors["noise"], tensors["excluded"]
-
-    def _share_key_from(self, other: WatermarkMethod) -> None:
-        self.noise, self.excluded = other.noise, other.excluded
 
     def apply(self, model) -> None:
         if self._saved is not None:
