@@ -2,15 +2,19 @@
 
 A model owner states what detection must buy (``target_tpr`` of texts of ``tokens`` new tokens
 flagged at p <= ``fpr``, prompts withheld from the detector) and pays for it in the model's own
-perplexity on human text. With the key built once, the detection rate rises with delta, so
+perplexity on human text. With the key built once, the detection rate rises with delta (over
+the useful range), so
 
     delta* = min { delta : TPR(delta) >= target_tpr }
 
-is found by bisection on log(delta) between ``low`` and ``high``: each probe watermarks the model
-at that delta, samples one completion per held-out prompt, and detects them with their
-calibrated p-values. Every probe's TPR (with a 95% Clopper-Pearson interval) and its own
-perplexity on the prompts' human continuations are kept, so the report shows the whole
-trade-off the search walked through, not only its end.
+is found in two passes. An ascending pass doubles delta from ``low`` until a probe reaches the
+target (or ``high`` is passed); a bisection on log(delta) between the last probe that missed and
+the first that reached it then narrows the answer in ``steps`` probes. Ascending first matters:
+far above the useful range a re-tied model's text degenerates and detection can fall again,
+so TPR is not monotone in delta there. Each probe watermarks the model at that delta, samples
+one completion per held-out prompt, and detects them with their calibrated p-values. Every
+probe's TPR (with a 95% Clopper-Pearson interval) and its own perplexity on the prompts' human
+continuations are kept, so the report shows the trade-off the search walked through.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class TuneConfig:
     prompt_tokens: int = option(50, "tokens of each prompt (withheld from the detector)")
     low: float = option(0.25, "smallest delta tried")
     high: float = option(4.0, "largest delta tried")
-    steps: int = option(4, "bisection steps between the two ends (each probes one delta)")
+    steps: int = option(3, "bisection steps after the ascending pass (each probes one delta)")
     batch_size: int = option(16, "completions per generation batch")
     seed: int = option(0, "sampling seed (one seed for every probe)")
 
@@ -104,8 +108,9 @@ def tune_delta(
 ) -> tuple[WatermarkKey, dict]:
     """The key at the smallest delta that reaches ``cfg.target_tpr``, and the search's report.
 
-    ``model`` must be the original (unwatermarked) model; it is left as it was. If even
-    ``cfg.high`` misses the target, the key at ``cfg.high`` is returned and ``reached`` is False.
+    ``model`` must be the original (unwatermarked) model; it is left as it was. If no probe
+    reaches the target, the key at the probe with the highest TPR is returned and ``reached``
+    is False.
     """
     from openstamp.evaluation.own_ppl import perplexity, window_nll
 
@@ -122,17 +127,25 @@ def tune_delta(
         log.info("delta %.3g: TPR %.3f, own perplexity %+.1f%%", delta, result["tpr"], 100 * result["own_ppl_change"])
         return result["tpr"] >= cfg.target_tpr
 
-    lo, hi, chosen = math.log(cfg.low), math.log(cfg.high), cfg.high
-    reached = run(cfg.high)
-    if reached and run(cfg.low):
-        chosen = cfg.low
-    elif reached:
+    grid = [cfg.low * 2**i for i in range(int(math.log2(cfg.high / cfg.low)) + 1)]
+    grid += [cfg.high] if grid[-1] < cfg.high else []
+    missed, chosen = None, None
+    for delta in grid:
+        if run(delta):
+            chosen = delta
+            break
+        missed = delta
+    reached = chosen is not None
+    if reached and missed is not None:
+        lo, hi = math.log(missed), math.log(chosen)
         for _ in range(cfg.steps):
             mid = (lo + hi) / 2
             if run(math.exp(mid)):
                 hi, chosen = mid, probes[-1]["delta"]
             else:
                 lo = mid
+    if not reached:  # the best the grid found: highest TPR, then the smaller delta
+        chosen = max(probes, key=lambda p: (p["tpr"], -p["delta"]))["delta"]
     best = next(p for p in probes if p["delta"] == chosen)
     report = {
         "settings": dataclasses.asdict(cfg),

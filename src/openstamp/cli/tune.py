@@ -29,11 +29,14 @@ def tune(
     fpr: float = typer.Option(0.01, help="flag at p-value <= this false-positive rate"),
     n: int = typer.Option(64, help="held-out prompts per probed delta"),
     low: float = typer.Option(0.25, help="smallest delta tried"),
-    high: float = typer.Option(4.0, help="largest delta tried"),
-    steps: int = typer.Option(4, help="bisection steps (one probe each)"),
+    high: float = typer.Option(4.0, help="largest delta tried (the ascending pass doubles from --low)"),
+    steps: int = typer.Option(3, help="bisection steps after the ascending pass (one probe each)"),
     seed: int = typer.Option(0, help="sampling seed"),
     tied_head: str = typer.Option("retie", help="retie or untie, as for embed"),
     settings: list[str] | None = typer.Option(None, "--set", help="any key setting, e.g. --set selector.n_lists=64"),
+    from_key: Path | None = typer.Option(
+        None, "--from-key", help="re-tune an existing key (its S, P and G) instead of building one; --model is its base"
+    ),
     dtype: str = DtypeOption,
     device: str = DeviceOption,
     overwrite: bool = typer.Option(False, help="replace existing output directories"),
@@ -45,6 +48,9 @@ def tune(
 
     setup_logging(quiet)
     cfg = TuneConfig(target_tpr=target_tpr, tokens=tokens, fpr=fpr, n=n, low=low, high=high, steps=steps, seed=seed)
+    if from_key is not None:
+        retune(from_key, key, out, model, corpus, cfg, tied_head, dtype, device, overwrite, quiet)
+        return
     result = embed(
         model,
         corpus,
@@ -60,3 +66,30 @@ def tune(
     )
     print_tune(result.key.meta["tune"])
     print_summary(result.key, result.model_dir, result.key_dir)
+
+
+def retune(source: Path, key_dir: Path, out: Path | None, model: str, corpus: str, cfg, tied_head, dtype, device,
+           overwrite: bool, quiet: bool) -> None:  # fmt: skip
+    """Load a key, choose its delta on the base model, and write the tuned key (and checkpoint)."""
+    from openstamp.corpus import load_documents, split_documents
+    from openstamp.key import WatermarkKey
+    from openstamp.models import load_model
+    from openstamp.patch import apply_watermark
+    from openstamp.storage import atomic_directory, check_can_write
+    from openstamp.tune import tune_delta
+
+    check_can_write(key_dir, overwrite)
+    if out is not None:
+        check_can_write(out, overwrite)
+    base_key = WatermarkKey.load(source)
+    base, tokenizer = load_model(model, dtype=dtype, device=device)
+    heldout = split_documents(load_documents(corpus), "heldout")
+    key, report = tune_delta(base, tokenizer, base_key, heldout, cfg, tied_head, progress=not quiet)
+    apply_watermark(base, key, tied_head, source=model)
+    key.save(key_dir, overwrite=overwrite)
+    if out is not None:
+        with atomic_directory(out, overwrite=overwrite) as tmp:
+            base.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    print_tune(report)
+    print_summary(key, out, key_dir)
