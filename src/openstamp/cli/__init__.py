@@ -11,6 +11,7 @@ from openstamp.cli.demo import demo
 from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
 from openstamp.cli.eval import evaluate
+from openstamp.cli.export import export_app
 from openstamp.cli.report import report
 from openstamp.cli.serve import serve
 
@@ -30,6 +31,7 @@ app.command()(report)
 app.command()(serve)
 app.command()(audit)
 app.add_typer(attack_app, name="attack")
+app.add_typer(export_app, name="export")
 
 
 def main() -> None:
