@@ -159,16 +159,29 @@ def test_export_errors(stamped, tokenizer, tmp_path, monkeypatch):
     assert out.read_bytes() == b"keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "qwen"]
 
 
-def test_the_attack_path_gives_the_weights_of_an_exported_file(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m"])
+def test_the_attack_path_gives_the_weights_of_an_exported_file(tiny_model_dir, tmp_path, quant):
     from openstamp.attacks.quantizers import quantize_model
 
     path = tmp_path / "m.gguf"
-    export_gguf(tiny_model_dir, path, "q4_k_m")
+    export_gguf(tiny_model_dir, path, quant)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
-    quantize_model(model, "gguf-q4_k_m", quantize_head=True)
+    quantize_model(model, f"gguf-{quant}", quantize_head=True)
     theirs = dict(reloaded.named_parameters())
     for name, param in model.named_parameters():
         torch.testing.assert_close(theirs[name], param, rtol=0, atol=1e-7, msg=name)
         assert param.dim() == 1 or not torch.equal(param, original[name])  # every matrix went through a codec
+
+
+@pytest.mark.parametrize(("quant", "bound"), [("f16", 1e-3), ("bf16", 1e-2), ("q6_k", 0.05)])
+def test_other_file_types_load_back(tiny_model_dir, tmp_path, quant, bound):
+    path = tmp_path / "m.gguf"
+    record = export_gguf(tiny_model_dir, path, quant)
+    assert record["tensor_types"]["F32"] == 5  # the norms
+    reloaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).named_parameters())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for name, param in model.named_parameters():
+        error = float((reloaded[name] - param).detach().norm() / param.detach().norm())
+        assert error < bound, (name, error)

@@ -225,7 +225,9 @@ def write_gguf(
     }
 
 
-def export_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False) -> dict:
+def export_gguf(
+    model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False, pre: str = "default"
+) -> dict:
     """Load a Hugging Face checkpoint directory in float32 and write it as GGUF ``file_type``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -238,4 +240,4 @@ def export_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, file_type:
     check_can_write(out, overwrite)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return write_gguf(model, tokenizer, model_dir, out, file_type, overwrite)
+    return write_gguf(model, tokenizer, model_dir, out, file_type, overwrite, pre)

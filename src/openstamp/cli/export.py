@@ -17,6 +17,9 @@ def gguf(
     model: Path = typer.Option(..., "--model", "-m", help="a Hugging Face checkpoint directory (Llama architecture)"),
     out: Path = typer.Option(..., "--out", help="the .gguf file to write"),
     quant: str = typer.Option("q4_k_m", help="f32, f16, bf16, q8_0, q6_k, q4_0 or q4_k_m (llama-quantize's recipe)"),
+    pre: str = typer.Option(
+        "default", help="tokenizer.ggml.pre: llama.cpp's name for the pre-tokenizer (SmolLM2: smollm)"
+    ),
     overwrite: bool = typer.Option(False, help="replace an existing output file"),
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
@@ -26,7 +29,7 @@ def gguf(
     setup_logging(quiet)
     if not model.is_dir():
         raise FileNotFoundError(f"model directory {model} does not exist")
-    record = export_gguf(model, out, quant.strip().lower(), overwrite=overwrite)
+    record = export_gguf(model, out, quant.strip().lower(), overwrite=overwrite, pre=pre)
     types = ", ".join(f"{n} x{c}" for n, c in sorted(record["tensor_types"].items()))
     head = "tied (one token_embd.weight serves as lm_head)" if record["tied"] else "untied (output.weight)"
     console.print(
