@@ -38,24 +38,35 @@ def _nearest(x: np.ndarray) -> np.ndarray:
     return np.rint(x).astype(np.int32)
 
 
+def _sum(a: np.ndarray) -> np.ndarray:
+    """Sum over the last axis left to right in float32, as the C loops do (numpy's pairwise sum rounds differently)."""
+    total = a[..., 0].copy()
+    for i in range(1, a.shape[-1]):
+        total += a[..., i]
+    return total
+
+
 def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """Fit ``x ~ scale * L - min_`` per row of x (rows, n): returns (scale, min_) of shape (rows,)."""
+    """Fit ``x ~ scale * L - min_`` per row of x (rows, n): returns scale, min_ (rows,) and codes L (rows, n).
+
+    As in ggml, each improving trial also moves the offset that later trials quantize from.
+    """
     lo = np.minimum(x.min(axis=1), f32(0))
     hi = x.max(axis=1)
-    span = hi - lo
-    flat = span <= 0
-    span = np.where(flat, f32(1), span)
-    sum_w, sum_x = w.sum(axis=1), (w * x).sum(axis=1)
+    flat = hi == lo
+    sum_w, sum_x = _sum(w), _sum(w * x)
 
+    span = np.where(flat, f32(1), hi - lo)
     iscale = f32(nmax) / span
     scale = f32(1) / iscale
     L = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(np.float32)
-    best = (w * (scale[:, None] * L + lo[:, None] - x) ** 2).sum(axis=1)
-    best_scale, best_min = scale, lo.copy()
+    best = _sum(w * (scale[:, None] * L + lo[:, None] - x) ** 2)
+    codes = L
     for step in range(nstep + 1):
-        iscale = f32(rmin + rdelta * step + nmax) / span
+        span = np.where(flat, f32(1), hi - lo)
+        iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / span
         L = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(np.float32)
-        sum_l, sum_l2, sum_xl = (w * L).sum(axis=1), (w * L * L).sum(axis=1), (w * L * x).sum(axis=1)
+        sum_l, sum_l2, sum_xl = _sum(w * L), _sum(w * L * L), _sum(w * L * x)
         D = sum_w * sum_l2 - sum_l * sum_l
         ok = D > 0
         D = np.where(ok, D, f32(1))
@@ -64,13 +75,21 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
         positive = this_min > 0
         this_scale = np.where(positive, sum_xl / np.where(sum_l2 > 0, sum_l2, f32(1)), this_scale)
         this_min = np.where(positive, f32(0), this_min)
-        mad = (w * (this_scale[:, None] * L + this_min[:, None] - x) ** 2).sum(axis=1)
-        better = ok & (mad < best)
-        best = np.where(better, mad, best)
-        best_scale = np.where(better, this_scale, best_scale)
-        best_min = np.where(better, this_min, best_min)
-    best_scale = np.where(flat, f32(0), best_scale)
-    return best_scale.astype(np.float32), (-best_min).astype(np.float32)
+        error = _sum(w * (this_scale[:, None] * L + this_min[:, None] - x) ** 2)
+        better = ok & (error < best) & ~flat
+        best = np.where(better, error, best)
+        scale = np.where(better, this_scale, scale)
+        lo = np.where(better, this_min, lo)
+        codes = np.where(better[:, None], L, codes)
+    scale = np.where(flat, f32(0), scale)
+    codes = np.where(flat[:, None], f32(0), codes)
+    return scale.astype(np.float32), (-lo).astype(np.float32), codes.astype(np.uint8)
+
+
+def _positive_max(values: np.ndarray) -> np.ndarray:
+    """ggml's ``max = 0; if (v > max) max = v``: the largest positive value per row, else +0."""
+    top = values.max(axis=1)
+    return np.where(top > 0, top, f32(0)).astype(np.float32)
 
 
 def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
@@ -80,10 +99,10 @@ def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
     blocks = x.reshape(-1, QK_K)
     nb = blocks.shape[0]
     sub = blocks.reshape(nb * 8, 32)
-    av_x = np.sqrt((sub * sub).sum(axis=1) / f32(32))
-    scales, mins = _make_qkx2_quants(sub, av_x[:, None] + np.abs(sub), 15, -1.0, 0.1, 20)
-    scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
-    max_scale, max_min = scales.max(axis=1), mins.max(axis=1)
+    av_x = np.sqrt(_sum(sub * sub) / f32(32))
+    scales, mins, codes = _make_qkx2_quants(sub, av_x[:, None] + np.abs(sub), 15, -1.0, 0.1, 20)
+    scales, mins, codes = scales.reshape(nb, 8), mins.reshape(nb, 8), codes.reshape(nb, 8, 32)
+    max_scale, max_min = _positive_max(scales), _positive_max(mins)
     inv_scale = np.where(max_scale > 0, f32(63) / np.where(max_scale > 0, max_scale, f32(1)), f32(0))
     inv_min = np.where(max_min > 0, f32(63) / np.where(max_min > 0, max_min, f32(1)), f32(0))
     ls = np.minimum(63, _nearest(inv_scale[:, None] * scales)).astype(np.uint8)
@@ -98,14 +117,14 @@ def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
     dm = dmin16.astype(np.float32)[:, None] * lm.astype(np.float32)
     safe_d = np.where(d == 0, f32(1), d)
     L = np.clip(_nearest((blocks.reshape(nb, 8, 32) + dm[:, :, None]) / safe_d[:, :, None]), 0, 15)
-    L = np.where((d == 0)[:, :, None], 0, L).astype(np.uint8).reshape(nb, 4, 2, 32)
+    L = np.where((d == 0)[:, :, None], codes, L).astype(np.uint8).reshape(nb, 4, 2, 32)  # d = 0 keeps the fit's codes
     qs = (L[:, :, 0, :] | (L[:, :, 1, :] << 4)).reshape(nb, 128)
     out = np.concatenate([d16.view(np.uint8).reshape(nb, 2), dmin16.view(np.uint8).reshape(nb, 2), packed, qs], axis=1)
     return out.reshape(*shape[:-1], shape[-1] // QK_K * 144)
 
 
 def _make_qx_quants(x: np.ndarray, nmax: int) -> np.ndarray:
-    """Symmetric scale per row of x (rows, n) with weights x^2 (``rmse_type = 1``): returns (rows,)."""
+    """Symmetric scale per row of x (rows, n), weights x^2 (``rmse_type = 1``): scale (rows,), codes (rows, n)."""
     index = np.abs(x).argmax(axis=1)
     amax_signed = np.take_along_axis(x, index[:, None], axis=1)[:, 0]
     tiny = np.abs(amax_signed) < GROUP_MAX_EPS
@@ -114,20 +133,22 @@ def _make_qx_quants(x: np.ndarray, nmax: int) -> np.ndarray:
 
     def fit(iscale: np.ndarray):
         L = np.clip(_nearest(iscale[:, None] * x), -nmax, nmax - 1).astype(np.float32)
-        return (w * x * L).sum(axis=1), (w * L * L).sum(axis=1)
+        return _sum(w * x * L), _sum(w * L * L), L
 
-    sumlx, suml2 = fit(f32(-nmax) / safe_max)
+    sumlx, suml2, codes = fit(f32(-nmax) / safe_max)
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, f32(1)), f32(0))
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
-        sumlx, suml2 = fit(-(f32(nmax) + f32(0.1) * f32(step)) / safe_max)
+        sumlx, suml2, L = fit(-(f32(nmax) + f32(0.1) * f32(step)) / safe_max)
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         new_scale = sumlx / np.where(suml2 > 0, suml2, f32(1))
         scale = np.where(better, new_scale, scale)
         best = np.where(better, new_scale * sumlx, best)
-    return np.where(tiny, f32(0), scale).astype(np.float32)
+        codes = np.where(better[:, None], L, codes)
+    codes = np.where(tiny[:, None], 0, codes + nmax).astype(np.uint8)
+    return np.where(tiny, f32(0), scale).astype(np.float32), codes
 
 
 def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
@@ -136,7 +157,8 @@ def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
     shape = x.shape
     blocks = x.reshape(-1, QK_K)
     nb = blocks.shape[0]
-    scales = _make_qx_quants(blocks.reshape(nb * 16, 16), 32).reshape(nb, 16)
+    scales, codes = _make_qx_quants(blocks.reshape(nb * 16, 16), 32)
+    scales, codes = scales.reshape(nb, 16), codes.reshape(nb, 16, 16)
     index = np.abs(scales).argmax(axis=1)
     max_scale = np.take_along_axis(scales, index[:, None], axis=1)[:, 0]
     empty = np.abs(max_scale) < GROUP_MAX_EPS
@@ -147,7 +169,8 @@ def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
     d = d16.astype(np.float32)[:, None] * sc.astype(np.float32)
     safe_d = np.where(d == 0, f32(1), d)
     L = np.clip(_nearest(blocks.reshape(nb, 16, 16) / safe_d[:, :, None]), -32, 31) + 32
-    L = np.where((d == 0)[:, :, None], 0, L).astype(np.uint8).reshape(nb, 2, 4, 32)  # halves of 128, quarters of 32
+    L = np.where((d == 0)[:, :, None], codes, L)  # d = 0 keeps the fit's codes, an empty block is all zero bytes
+    L = np.where(empty[:, None, None], 0, L).astype(np.uint8).reshape(nb, 2, 4, 32)  # halves of 128, quarters of 32
     ql = np.concatenate(
         [L[:, :, 0] & 0xF | ((L[:, :, 2] & 0xF) << 4), L[:, :, 1] & 0xF | ((L[:, :, 3] & 0xF) << 4)], axis=2
     )
