@@ -1,5 +1,7 @@
 """GGUF: llama.cpp's codecs decode what our encoders write, and an exported release still detects."""
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,33 @@ def test_error_ranks_like_llama_cpps_types():
     errors = [relative_error(q, w) for q in CODECS]
     assert errors == sorted(errors), dict(zip([q.name for q in CODECS], errors, strict=True))
     assert errors[0] < 0.01 and errors[-1] < 0.12  # 8-bit well under 1%, 4-bit around 5-10% on Gaussians
+
+
+# sha256 of the bytes llama.cpp writes for golden_input(): ggml-quants.c (quantize_q4_K, quantize_q6_K, ...,
+# no importance matrix) as vendored in llama-cpp-python 0.3.36, built with gcc -O2 on x86-64
+LLAMA_CPP_SHA256 = {
+    T.Q4_K: "e7280ece203f175424f03a81beb2ffd2d8980c41c2d2ff46709198608ed1104e",
+    T.Q6_K: "966a9030718db78b2d42ddadbcfdd0f70a1ba0265dce3f7ded4f995415faba62",
+    T.Q8_0: "788cd4e33f8aaf1f810765abea815c07b1fc49da2fec1d8d8cc5005116b6321d",
+    T.Q4_0: "39c382ea2e48701e77e98975c3301d4dfc9e40accc243997b53e7e77df8a9676",
+    T.Q5_0: "1b981bf6410a04cad6fcffb4c11f335b04dc7d1757a91409a8385f120d435e54",
+}
+
+
+def golden_input() -> np.ndarray:
+    """Exactly representable, platform-independent float32 rows over 15 octaves, with zero and constant rows."""
+    rng = np.random.default_rng(1234)
+    x = rng.integers(-1000, 1001, size=(24, 512)).astype(np.float32) / np.float32(997)
+    x *= np.float32(2.0) ** rng.integers(-12, 4, size=(24, 1)).astype(np.float32)
+    x[0], x[1], x[2, :256] = 0, 0.5, 0
+    x[3] = np.where(np.arange(512) % 7 == 0, x[3], 0)
+    return x
+
+
+@pytest.mark.parametrize("qtype", CODECS)
+def test_encoders_match_llama_cpp_byte_for_byte(qtype, monkeypatch):
+    monkeypatch.setattr("openstamp.gguf_quants.CHUNK_WEIGHTS", 3 * 512)  # chunking must not change the bytes
+    assert hashlib.sha256(encode(golden_input(), qtype).tobytes()).hexdigest() == LLAMA_CPP_SHA256[qtype]
 
 
 def test_k_quant_rows_must_fill_superblocks():

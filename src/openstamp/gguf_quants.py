@@ -14,8 +14,10 @@ matrix. Blocks hold ``QK_K = 256`` consecutive weights of one row:
   ``w = d * s * (q - 32)``. Each sub-block's scale comes from ``make_qx_quants`` (weights x^2,
   19 trial scales).
 
-The arithmetic is float32 like the C code, vectorised over blocks; rounding is to nearest even
-(ggml's ``nearest_int``). Decoding is left to ``gguf.quants.dequantize``, llama.cpp's own decoders.
+The arithmetic is float32 with the C code's left-to-right sums, vectorised over blocks; rounding
+is to nearest even (ggml's ``nearest_int``). The output was checked byte for byte against
+ggml-quants.c built with gcc -O2 (no FMA contraction; a build that fuses multiply-adds can round
+a rare trial differently). Decoding is left to ``gguf.quants.dequantize``, llama.cpp's decoders.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
 
 
 ENCODERS = {T.Q4_K: quantize_q4_k, T.Q6_K: quantize_q6_k}
+CHUNK_WEIGHTS = 1 << 22
 
 
 def encode(data: np.ndarray, qtype: T) -> np.ndarray:
@@ -194,7 +197,10 @@ def encode(data: np.ndarray, qtype: T) -> np.ndarray:
     if qtype in ENCODERS:
         if data.shape[-1] % QK_K:
             raise ValueError(f"{qtype.name} needs rows of a multiple of {QK_K} weights, not {data.shape[-1]}")
-        return ENCODERS[qtype](data)
+        rows = data.reshape(-1, data.shape[-1])
+        step = max(1, CHUNK_WEIGHTS // rows.shape[1])  # bounds the float32 temporaries of the trial fits
+        parts = [ENCODERS[qtype](rows[i : i + step]) for i in range(0, rows.shape[0], step)]
+        return np.concatenate(parts).reshape(*data.shape[:-1], -1)
     return quants.quantize(data, qtype)
 
 
