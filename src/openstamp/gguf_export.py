@@ -146,11 +146,14 @@ def _vocab(writer: GGUFWriter, model_dir: Path, tokenizer, n_vocab: int, pre: st
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     SpecialVocab(model_dir, load_merges=True, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
+    if tokenizer.bos_token_id is not None:  # newer gguf-py reads this from the post-processor; ask the tokenizer
+        writer.add_add_bos_token(tokenizer("a").input_ids[:1] == [tokenizer.bos_token_id])
 
 
 def _metadata(writer: GGUFWriter, config, name: str, file_type: str) -> None:
     rope = getattr(config, "rope_parameters", None) or {}
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_type("model")
     writer.add_name(name)
     writer.add_vocab_size(config.vocab_size)
     writer.add_context_length(config.max_position_embeddings)
@@ -162,9 +165,10 @@ def _metadata(writer: GGUFWriter, config, name: str, file_type: str) -> None:
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_file_type(FILE_TYPES[file_type][1])
-    if file_type not in FLOAT_FILE_TYPES:
-        writer.add_quantization_version(GGML_QUANT_VERSION)
+    writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
 def write_gguf(
