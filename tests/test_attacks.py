@@ -109,25 +109,32 @@ def test_quantize_model_keeps_lm_head_unless_asked(tied, tokenizer):
     model = make_model(tied, len(tokenizer))
     embeddings = model.get_input_embeddings().weight.detach().clone()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
-    info = quantize_model(model, "nf4", QuantizeConfig(backend="simulated"))
+    info = quantize_model(model, "nf4", False, backend="simulated")
     assert info["backend"] == "simulated" and info["matrices"] == 2 * 7  # q k v o gate up down per block
     assert torch.equal(head(model).weight, original["lm_head.weight" if not tied else "model.embed_tokens.weight"])
     up = model.model.layers[0].mlp.up_proj.weight
     assert not torch.equal(up, original["model.layers.0.mlp.up_proj.weight"])
-    quantize_model(model, "int8", QuantizeConfig(backend="simulated", include_head=True))
+    quantize_model(model, "int8", True, backend="simulated")
     assert all(len(torch.unique(row)) <= 255 for row in head(model).weight)
     assert torch.equal(model.get_input_embeddings().weight, embeddings)  # untied before the head was touched
 
 
 def test_quantize_attack_end_to_end(eval_dir, tmp_path):
     out = tmp_path / "quant"
-    results = run_quantize(eval_dir, out, QuantizeConfig(n=4, backend="auto"), progress=False)
-    schemes = {(r["method"], r["scheme"]) for r in results["runs"]}
-    assert schemes == {(m, s) for m in METHODS for s in ("unquantized", "int8", "nf4")}
-    assert results["quantization"]["nf4"]["backend"] == "simulated"  # no CUDA here
+    cfg = QuantizeConfig(schemes=("int8", "nf4", "gguf-q4_k_m"), n=4, backend="auto")
+    results = run_quantize(eval_dir, out, cfg, progress=False)
+    labels = ("unquantized", "int8", "nf4", "gguf-q4_k_m", "gguf-q4_k_m+float-head")  # GGUF: also a float head
+    assert {(r["method"], r["scheme"]) for r in results["runs"]} == {(m, s) for m in METHODS for s in labels}
+    how = results["quantization"]
+    assert how["gguf-q4_k_m"]["backend"] == "gguf" and how["gguf-q4_k_m"]["head_quantized"]
+    assert not how["gguf-q4_k_m+float-head"]["head_quantized"] and not how["int8"]["head_quantized"]
+    for row in results["runs"]:  # every attacked row says which backend made it, and why when simulated
+        assert row["scheme"] == "unquantized" or row["backend"] in ("bitsandbytes", "simulated", "gguf")
+        assert (row["backend"] == "simulated") == bool(row["why_simulated"])
     assert len(json.loads((out / "scores" / "int8" / "unremovable@2_s0.json").read_text())) == 4
     section = _section_in_report(eval_dir, out)
-    assert "| method | Unquantized | INT8 | NF4 |" in section and "kgw (decode-time)" in section
+    header = " | ".join(f"{s.upper()} [{how[s]['backend']}]" for s in labels[1:])
+    assert f"| method | Unquantized | {header} |" in section and "kgw (decode-time)" in section
 
 
 # -- fine-tuning -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from openstamp.cli.demo import demo
 from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
 from openstamp.cli.eval import evaluate
+from openstamp.cli.export import export_app
 from openstamp.cli.report import report
 from openstamp.cli.serve import serve
 from openstamp.cli.tune import tune
@@ -33,6 +34,7 @@ app.command()(report)
 app.command()(serve)
 app.command()(audit)
 app.add_typer(attack_app, name="attack")
+app.add_typer(export_app, name="export")
 
 
 def main() -> None:

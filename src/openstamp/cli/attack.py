@@ -127,19 +127,33 @@ def finetune(
 def quantize(
     eval_dir: Path = EvalOption,
     out_dir: Path = typer.Option(Path("runs/quant"), "--out", help="output directory (resumable)"),
-    scheme: str = typer.Option("int8,nf4", help="comma-separated: int8, nf4"),
-    include_head: bool = typer.Option(False, help="quantize lm_head too (transformers keeps it unquantized)"),
-    backend: str = typer.Option("auto", help="auto, bitsandbytes (needs CUDA) or simulated"),
+    scheme: str = typer.Option(
+        "int8,nf4",
+        help="comma-separated: int8, nf4, gguf-q8_0, gguf-q4_0, gguf-q4_k_m, hqq-4bit, quanto-int8, quanto-int4",
+    ),
+    head: str = typer.Option(
+        "recipe+float",
+        help="lm_head: recipe (GGUF quantizes it, transformers' integrations do not), recipe+float (also the "
+        "float-head variant where the recipe quantizes it), both, quantized or float",
+    ),
+    include_head: bool = typer.Option(False, help="same as --head quantized"),
+    backend: str = typer.Option("auto", help="int8/nf4: auto, bitsandbytes (CPU or CUDA) or simulated"),
     n: int | None = typer.Option(None, help="eval prompts completed per method and scheme (default: all)"),
     methods: str | None = MethodsOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """Quantize each watermarked model (INT8, NF4), generate, and detect with the unquantized key."""
+    """Quantize each watermarked model (bitsandbytes, GGUF, HQQ, quanto); generate; detect with the unquantized key."""
     from openstamp.attacks.quantize import QuantizeConfig, run_quantize
 
     setup_logging(quiet)
     schemes = tuple(s.strip().lower() for s in scheme.split(",") if s.strip())
-    cfg = QuantizeConfig(schemes=schemes, include_head=include_head, backend=backend, n=n, methods=_methods(methods))
+    cfg = QuantizeConfig(
+        schemes=schemes,
+        head="quantized" if include_head else head,
+        backend=backend,
+        n=n,
+        methods=_methods(methods),
+    )
     start = time.perf_counter()
     run_quantize(eval_dir, out_dir, cfg, progress=not quiet)
     _finish(out_dir, start, eval_dir)

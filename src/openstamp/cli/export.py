@@ -1,0 +1,38 @@
+"""openstamp export ...: write a (watermarked) checkpoint in the formats people run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from openstamp.cli.common import console, friendly_errors, setup_logging
+
+export_app = typer.Typer(name="export", help="Export a checkpoint to another format (GGUF).", no_args_is_help=True)
+
+
+@export_app.command()
+@friendly_errors
+def gguf(
+    model: Path = typer.Option(..., "--model", "-m", help="a Hugging Face checkpoint directory (Llama architecture)"),
+    out: Path = typer.Option(..., "--out", help="the .gguf file to write"),
+    quant: str = typer.Option("q4_k_m", help="f32, f16, bf16, q8_0, q6_k, q4_0 or q4_k_m (llama-quantize's recipe)"),
+    pre: str = typer.Option(
+        "default", help="tokenizer.ggml.pre: llama.cpp's name for the pre-tokenizer (SmolLM2: smollm)"
+    ),
+    overwrite: bool = typer.Option(False, help="replace an existing output file"),
+    quiet: bool = typer.Option(False, help="less output"),
+) -> None:
+    """Write the checkpoint as a GGUF file for llama.cpp, with llama.cpp's names, metadata and codecs."""
+    from openstamp.gguf_export import export_gguf
+
+    setup_logging(quiet)
+    if not model.is_dir():
+        raise FileNotFoundError(f"model directory {model} does not exist")
+    record = export_gguf(model, out, quant.strip().lower(), overwrite=overwrite, pre=pre)
+    types = ", ".join(f"{n} x{c}" for n, c in sorted(record["tensor_types"].items()))
+    head = "tied (one token_embd.weight serves as lm_head)" if record["tied"] else "untied (output.weight)"
+    console.print(
+        f"wrote [bold]{record['path']}[/] ({record['bytes'] / 2**20:.1f} MiB, {record['file_type']}, "
+        f"{record['seconds']:.1f} s); lm_head {head}; tensors: {types}"
+    )

@@ -1,0 +1,216 @@
+"""GGUF: llama.cpp's codecs decode what our encoders write, and an exported release still detects."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as T
+from sklearn.metrics import roc_auc_score
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from typer.testing import CliRunner
+
+from openstamp import gguf_export
+from openstamp.cli import app
+from openstamp.corpus import load_documents
+from openstamp.detect import Detector
+from openstamp.generate import sample_completions
+from openstamp.gguf_export import export_gguf, tensor_type
+from openstamp.gguf_quants import encode, roundtrip
+from openstamp.key import WatermarkKey
+from openstamp.models import load_model
+from openstamp.patch import is_tied
+from openstamp.watermark import embed
+
+runner = CliRunner()
+CODECS = (T.Q8_0, T.Q6_K, T.Q5_0, T.Q4_K, T.Q4_0)  # finest to coarsest, as llama.cpp ranks them
+
+
+def weights(rows=48, cols=512, seed=0) -> np.ndarray:
+    """Gaussian rows at scales over four decades, plus an all-zero row and a constant row."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * np.logspace(-3, 1, rows, dtype=np.float32)[:, None]
+    w[0], w[1] = 0.0, 0.25
+    return w
+
+
+def relative_error(qtype: T, w: np.ndarray) -> float:
+    return float(np.linalg.norm(roundtrip(w, qtype) - w) / np.linalg.norm(w))
+
+
+@pytest.mark.parametrize("qtype", CODECS)
+def test_encoders_write_blocks_that_llama_cpp_decodes(qtype):
+    w = weights()
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = encode(w, qtype)
+    assert data.dtype == np.uint8 and data.shape == (w.shape[0], w.shape[1] // block * size)
+    back = quants.dequantize(data, qtype)
+    assert back.shape == w.shape and np.all(np.isfinite(back))
+    assert np.all(back[0] == 0)  # zeros stay zeros
+    # per block, the error is at most one quantization step of that block's range
+    blocks, got = w[2:].reshape(-1, block), back[2:].reshape(-1, block)
+    spread = blocks.max(axis=1) - np.minimum(blocks.min(axis=1), 0)
+    levels = {T.Q8_0: 127, T.Q6_K: 31, T.Q5_0: 15, T.Q4_K: 15, T.Q4_0: 7}[qtype]
+    assert np.all(np.abs(got - blocks).max(axis=1) <= 1.05 * np.abs(blocks).max(axis=1) / levels + 1e-3 * spread)
+
+
+def test_error_ranks_like_llama_cpps_types():
+    w = weights(64, 1024, seed=1)[2:]
+    errors = [relative_error(q, w) for q in CODECS]
+    assert errors == sorted(errors), dict(zip([q.name for q in CODECS], errors, strict=True))
+    assert errors[0] < 0.01 and errors[-1] < 0.12  # 8-bit well under 1%, 4-bit around 5-10% on Gaussians
+
+
+# sha256 of the bytes llama.cpp writes for golden_input(): ggml-quants.c (quantize_q4_K, quantize_q6_K, ...,
+# no importance matrix) as vendored in llama-cpp-python 0.3.36, built with gcc -O2 on x86-64
+LLAMA_CPP_SHA256 = {
+    T.Q4_K: "e7280ece203f175424f03a81beb2ffd2d8980c41c2d2ff46709198608ed1104e",
+    T.Q6_K: "966a9030718db78b2d42ddadbcfdd0f70a1ba0265dce3f7ded4f995415faba62",
+    T.Q8_0: "788cd4e33f8aaf1f810765abea815c07b1fc49da2fec1d8d8cc5005116b6321d",
+    T.Q4_0: "39c382ea2e48701e77e98975c3301d4dfc9e40accc243997b53e7e77df8a9676",
+    T.Q5_0: "1b981bf6410a04cad6fcffb4c11f335b04dc7d1757a91409a8385f120d435e54",
+}
+
+
+def golden_input() -> np.ndarray:
+    """Exactly representable, platform-independent float32 rows over 15 octaves, with zero and constant rows."""
+    rng = np.random.default_rng(1234)
+    x = rng.integers(-1000, 1001, size=(24, 512)).astype(np.float32) / np.float32(997)
+    x *= np.float32(2.0) ** rng.integers(-12, 4, size=(24, 1)).astype(np.float32)
+    x[0], x[1], x[2, :256] = 0, 0.5, 0
+    x[3] = np.where(np.arange(512) % 7 == 0, x[3], 0)
+    return x
+
+
+@pytest.mark.parametrize("qtype", CODECS)
+def test_encoders_match_llama_cpp_byte_for_byte(qtype, monkeypatch):
+    monkeypatch.setattr("openstamp.gguf_quants.CHUNK_WEIGHTS", 3 * 512)  # chunking must not change the bytes
+    assert hashlib.sha256(encode(golden_input(), qtype).tobytes()).hexdigest() == LLAMA_CPP_SHA256[qtype]
+
+
+def test_k_quant_rows_must_fill_superblocks():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        encode(np.ones((2, 96), np.float32), T.Q4_K)
+
+
+def test_types_follow_llama_quantize():
+    def kind(name, shape, file_type="q4_k_m", has_output=True):
+        return tensor_type(name, shape, file_type, 32, has_output)
+
+    assert kind("blk.5.attn_q.weight", (1024, 1024)) == T.Q4_K
+    assert kind("blk.0.attn_v.weight", (256, 1024)) == T.Q6_K  # use_more_bits: first eighth of the layers
+    assert kind("blk.5.attn_v.weight", (256, 1024)) == T.Q4_K
+    assert kind("blk.31.ffn_down.weight", (1024, 2816)) == T.Q6_K  # and the last eighth
+    assert kind("blk.31.ffn_down.weight", (1024, 2880)) == T.Q8_0  # Q6_K wanted, 2880 % 256 != 0
+    assert kind("blk.5.attn_q.weight", (576, 576)) == T.Q5_0  # Q4_K wanted, 576 % 256 != 0
+    assert kind("output.weight", (5000, 1024)) == T.Q6_K and kind("token_embd.weight", (5000, 1024)) == T.Q4_K
+    assert kind("token_embd.weight", (5000, 1024), has_output=False) == T.Q6_K  # tied: the embedding is the head
+    assert kind("token_embd.weight", (5000, 576), has_output=False) == T.Q8_0  # SmolLM2-135M's width
+    assert kind("blk.1.attn_norm.weight", (1024,)) == T.F32
+    assert kind("output.weight", (5000, 1024), "q8_0") == T.Q8_0
+    assert kind("output.weight", (5000, 1024), "q4_0") == T.Q6_K
+    assert kind("blk.3.ffn_up.weight", (2816, 1024), "f16") == T.F16
+    with pytest.raises(ValueError, match="unknown GGUF type"):
+        kind("output.weight", (8, 256), "q3_k")
+
+
+@pytest.fixture(scope="module")
+def stamped(tiny_model_dir, corpus_file, tiny_config, tmp_path_factory):
+    """A watermarked tiny release (tied: re-tied) and its key."""
+    root = tmp_path_factory.mktemp("gguf-release")
+    cfg = tiny_config.with_overrides({"green.delta": 2.0})
+    embed(str(tiny_model_dir), str(corpus_file), root / "model", root / "key", cfg, progress=False)
+    return root
+
+
+def test_f32_export_reloads_to_the_same_model_and_tokenizer(stamped):
+    path = stamped / "model" / "f32.gguf"
+    record = export_gguf(stamped / "model", path, "f32")
+    release = AutoModelForCausalLM.from_pretrained(stamped / "model", dtype=torch.float32).eval()
+    reloaded = AutoModelForCausalLM.from_pretrained(stamped / "model", gguf_file=path.name, dtype=torch.float32)
+    assert record["tied"] == is_tied(release) == reloaded.config.tie_word_embeddings
+    assert set(record["tensor_types"]) == {"F32"}
+    ids = torch.tensor([[1, 5, 9, 30, 200, 17]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(ids).logits, release(ids).logits, rtol=0, atol=1e-5)
+    text = "the river city council voted on a new plan"
+    theirs = AutoTokenizer.from_pretrained(stamped / "model", gguf_file=path.name)
+    ours = AutoTokenizer.from_pretrained(stamped / "model")
+    assert theirs(text, add_special_tokens=False).input_ids == ours(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
+def test_quantized_export_still_detects(stamped, tiny_model_dir, corpus_file, quant):
+    path = stamped / "model" / f"{quant}.gguf"
+    result = runner.invoke(
+        app, ["export", "gguf", "--model", str(stamped / "model"), "--out", str(path), "--quant", quant]
+    )
+    assert result.exit_code == 0, result.output
+    reloaded = AutoModelForCausalLM.from_pretrained(stamped / "model", gguf_file=path.name, dtype=torch.float32).eval()
+    base, tok = load_model(str(tiny_model_dir))
+    key = WatermarkKey.load(stamped / "key")
+    docs = load_documents(str(corpus_file))
+    prompts = [ids[:8] for ids in tok([d.text for d in docs[:24]], add_special_tokens=False).input_ids]
+    wm = sample_completions(reloaded, tok, prompts, 48, seed=0, progress=False)
+    plain = sample_completions(base, tok, prompts, 48, seed=0, progress=False)
+    scores = [r.score for r in Detector(base, tok, key).detect(wm + plain)]
+    assert roc_auc_score([1] * len(wm) + [0] * len(plain), scores) > 0.9
+
+
+def test_export_errors(stamped, tokenizer, tmp_path, monkeypatch):
+    model = stamped / "model"
+    out = tmp_path / "m.gguf"
+    cases = [
+        (["--model", str(tmp_path / "missing"), "--out", str(out)], "does not exist"),
+        (["--model", str(model), "--out", str(out), "--quant", "q3_k"], "unknown GGUF type"),
+    ]
+    qwen_dir = tmp_path / "qwen"
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(qwen_dir)
+    cases.append((["--model", str(qwen_dir), "--out", str(out)], "llama architecture only"))
+    for args, message in cases:
+        result = runner.invoke(app, ["export", "gguf", *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+    out.write_bytes(b"keep me")
+    result = runner.invoke(app, ["export", "gguf", "--model", str(model), "--out", str(out), "--quant", "q8_0"])
+    assert result.exit_code == 2 and "--overwrite" in result.output and out.read_bytes() == b"keep me"
+
+    def broken(data, qtype):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(gguf_export, "encode", broken)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        export_gguf(model, out, "q8_0", overwrite=True)
+    assert out.read_bytes() == b"keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "qwen"]
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m"])
+def test_the_attack_path_gives_the_weights_of_an_exported_file(tiny_model_dir, tmp_path, quant):
+    from openstamp.attacks.quantizers import quantize_model
+
+    path = tmp_path / "m.gguf"
+    export_gguf(tiny_model_dir, path, quant)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    quantize_model(model, f"gguf-{quant}", quantize_head=True)
+    theirs = dict(reloaded.named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(theirs[name], param, rtol=0, atol=1e-7, msg=name)
+        assert param.dim() == 1 or not torch.equal(param, original[name])  # every matrix went through a codec
+
+
+@pytest.mark.parametrize(("quant", "bound"), [("f16", 1e-3), ("bf16", 1e-2), ("q6_k", 0.05)])
+def test_other_file_types_load_back(tiny_model_dir, tmp_path, quant, bound):
+    path = tmp_path / "m.gguf"
+    record = export_gguf(tiny_model_dir, path, quant)
+    assert record["tensor_types"]["F32"] == 5  # the norms
+    reloaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).named_parameters())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for name, param in model.named_parameters():
+        error = float((reloaded[name] - param).detach().norm() / param.detach().norm())
+        assert error < bound, (name, error)
