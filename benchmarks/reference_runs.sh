@@ -21,6 +21,15 @@ eval_run() {
   $OPENSTAMP eval --model smollm2-135m \
     --n 200 --out $EVAL
 }
+tune() {
+  # the smallest delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs
+  $OPENSTAMP tune --model smollm2-135m --corpus wikipedia --target-tpr 0.95 --tokens 64 --fpr 0.01 --n 32 \
+    --key runs/tune/key --overwrite
+  mkdir -p benchmarks/results
+  .venv/bin/python -c "import json; m = json.load(open('runs/tune/key/key.json')); \
+json.dump({'command': 'openstamp tune (benchmarks/reference_runs.sh tune)', 'versions': m['versions'], \
+'key_id': m['key_id'], **m['tune']}, open('benchmarks/results/tune.json', 'w'), indent=2)"
+}
 edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
 quantize() { $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --out runs/quant; }
 quantize_head() {
@@ -57,7 +66,7 @@ paraphrase() {
 
 keep() {
   mkdir -p $KEEP/attacks
-  cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/
+  if [ -f $EVAL/results.json ]; then cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/; fi
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
   for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/para runs/merge \
     runs/prune runs/prune-magnitude runs/prune-head runs/instruct; do
@@ -66,7 +75,7 @@ keep() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval tune edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run
