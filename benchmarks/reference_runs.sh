@@ -64,6 +64,25 @@ paraphrase() {
     --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw --out runs/para
 }
 
+durability() {
+  # a compact run of the durability attacks on the current releases (re-tied OpenStamp, exact m): its own small
+  # eval (32 prompts, 100 new tokens, no oracle), then quantizers (real codecs, lm_head as each recipe does and
+  # the float-head variant), merging with the base, Wanda pruning and instruction tuning, 32 texts each
+  local D=runs/eval-durability R=runs/durability
+  $OPENSTAMP eval --model smollm2-135m --methods openstamp,unremovable --n 32 --new-tokens 100 --oracle none --out $D
+  $OPENSTAMP attack edit --eval $D --delete 0.1 --substitute 0.1 --out $R/edit
+  $OPENSTAMP attack quantize --eval $D --scheme gguf-q8_0,gguf-q4_k_m,int8,nf4,hqq-4bit --head recipe+float \
+    --out $R/quant
+  $OPENSTAMP attack merge --eval $D --method linear,slerp --t 0.3,0.5 --n 32 --out $R/merge
+  $OPENSTAMP attack prune --eval $D --method wanda --sparsity 0.3,0.5 --n 32 --out $R/prune
+  $OPENSTAMP attack instruct --eval $D --steps 60 --every 30 --n 32 --out $R/instruct
+  mkdir -p benchmarks/results/durability/attacks
+  cp $D/results.json $D/report.md benchmarks/results/durability/
+  for a in edit quant merge prune instruct; do
+    if [ -f $R/$a/results.json ]; then cp $R/$a/results.json benchmarks/results/durability/attacks/$a.json; fi
+  done
+}
+
 keep() {
   mkdir -p $KEEP/attacks
   if [ -f $EVAL/results.json ]; then cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/; fi
