@@ -71,13 +71,14 @@ def evaluate(
 def print_summary(results: dict) -> None:
     from rich.table import Table
 
-    from openstamp.evaluation.report import COLUMNS, _digits, fmt
+    from openstamp.evaluation.report import _digits, fmt, shown_columns
 
     table = Table(title="detection and quality (mean ± sd over seeds)")
     table.add_column("method")
     table.add_column("strength")
-    for name, _ in COLUMNS:
+    columns = shown_columns(results)
+    for name, _ in columns:
         table.add_column(name, justify="right")
     for s in results["summary"]:
-        table.add_row(s["method"], f"{s['strength']:g}", *(fmt(s.get(k), _digits(k)) for _, k in COLUMNS))
+        table.add_row(s["method"], f"{s['strength']:g}", *(fmt(s.get(k), _digits(k)) for _, k in columns))
     out.print(table)

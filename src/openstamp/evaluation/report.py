@@ -30,16 +30,24 @@ def _digits(key: str) -> int:
     return METRICS[key].digits if key in METRICS else 3
 
 
+def shown_columns(results: dict) -> list[tuple[str, str]]:
+    """The registry's summary columns that hold a number for at least one method (older runs lack some)."""
+    summary = results["summary"]
+    return [(label, key) for label, key in COLUMNS if any((s.get(key) or {}).get("mean") is not None for s in summary)]
+
+
 def summary_table(results: dict) -> list[str]:
+    columns = shown_columns(results)
     rows = [
-        "| method | strength | " + " | ".join(c for c, _ in COLUMNS) + " |",
-        "|---|---:|" + "---:|" * len(COLUMNS),
+        "| method | strength | " + " | ".join(c for c, _ in columns) + " |",
+        "|---|---:|" + "---:|" * len(columns),
     ]
     limited = any(r["metrics"].get("tpr_at_0.1pct_fpr_resolution_limited") for r in results["runs"])
+    keys = [key for _, key in columns]
     for s in results["summary"]:
-        cells = [fmt(s.get(key), _digits(key)) for _, key in COLUMNS]
-        if limited:
-            cells[2] += " †"
+        cells = [fmt(s.get(key), _digits(key)) for key in keys]
+        if limited and "tpr_at_0.1pct_fpr" in keys:
+            cells[keys.index("tpr_at_0.1pct_fpr")] += " †"
         rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
     if limited:
         rows.append("")
