@@ -329,6 +329,15 @@ def render() -> str:
     if ev.exists():
         out += evaluation(json.loads(ev.read_text())) + [""]
         out += robustness(ev.parent) + [""]
+    durable = RESULTS / "durability" / "results.json"
+    if durable.exists():
+        cfg = json.loads(durable.read_text())["config"]
+        source = (
+            f"`bash benchmarks/reference_runs.sh durability`: the current re-tied releases, {cfg['n']} prompts, "
+            f"{cfg['new_tokens']} new tokens; quantizers on their real libraries, labelled by backend in "
+            "`benchmarks/results/durability/attacks/quant.json`"
+        )
+        out += robustness(durable.parent, source) + [""]
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]

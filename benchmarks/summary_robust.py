@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 
-def robustness(folder: Path) -> list[str]:
+def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`") -> list[str]:
     """TPR@1%FPR of every method after each attack (one table), then the head re-training and S inversion.
 
     Each column states its n; where TPR saturates at 1.000 and the attack recorded it, the mean
@@ -28,9 +28,16 @@ def robustness(folder: Path) -> list[str]:
         label = f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted tokens"
         columns.append((label, n, {s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in rows}))
     for name, suffix in (("quant", ""), ("quant-head", " incl. lm_head")):
-        for scheme in attack.get(name, {}).get("settings", {}).get("schemes", []):
-            values = {s["method"]: cell(s) for s in attack[name]["summary"] if s["scheme"] == scheme}
-            columns.append((f"{scheme.upper()}{suffix}", attack[name].get("n"), values))
+        quant = attack.get(name, {})
+        how = quant.get("quantization", {})  # per label: backend, head quantized (newer runs)
+        for label in dict.fromkeys(s["scheme"] for s in quant.get("summary", []) if s["scheme"] != "unquantized"):
+            values = {s["method"]: cell(s) for s in quant["summary"] if s["scheme"] == label}
+            if label in how:
+                head = "lm_head quantized" if how[label]["head_quantized"] else "float lm_head"
+                title = f"{label.upper()} ({how[label]['backend']}, {head})"
+            else:
+                title = f"{label.upper()}{suffix} (simulated)"
+            columns.append((title, quant.get("n"), values))
     if "para" in attack:
         para = attack["para"]
         label = f"paraphrased ({para['settings']['paraphraser']})"
@@ -45,7 +52,7 @@ def robustness(folder: Path) -> list[str]:
     columns += _weight_attack_columns(attack)
     methods = list(dict.fromkeys(m for _, _, values in columns for m in values))
     rows = [
-        "Robustness (`bash benchmarks/reference_runs.sh`): TPR@1%FPR against the eval's human continuations after "
+        f"Robustness ({source}): TPR@1%FPR against the eval's human continuations after "
         "each attack, n watermarked texts per column in the header; [mean detector score] beside a saturated "
         "1.000 where the attack recorded it; '-' where an attack does not apply or was not run (weight attacks "
         "and fine-tuning do not apply to decode-time KGW).",

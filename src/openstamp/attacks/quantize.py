@@ -108,7 +108,7 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
             raise MissingExtraError(problem)
     for run in runs:
         eval_scores = ev.scores(run)
-        rows.append(_row(run, "unquantized", attacked_metrics(eval_scores["watermarked"][:n], eval_scores), None))
+        rows.append(_row(run, "unquantized", _metrics(eval_scores["watermarked"][:n], eval_scores), None))
         for label, scheme, quantize_head in variants:
             path = out / "scores" / label / f"{file_name(run['run'])}.json"
             record = out / "quantized" / f"{label}.json"
@@ -125,8 +125,8 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
                 cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg.score_batch_size)
                 del model
             how[label] = read_json(record, "quantization record")
-            rows.append(_row(run, label, attacked_metrics(read_json(path, "scores"), eval_scores), how[label]))
-    summary = by_method(rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr"), extra=("scheme",))
+            rows.append(_row(run, label, _metrics(read_json(path, "scores"), eval_scores), how[label]))
+    summary = by_method(rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score"), extra=("scheme",))
     columns = ["unquantized", *(v[0] for v in variants)]
     plot = _plot(summary, columns, out / "quantize_tpr.png")
     body = _section(ev, cfg, n, summary, columns, how, {r["method"]: r["decode_time"] for r in rows})
@@ -142,6 +142,12 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
     return results
 
 
+def _metrics(attacked: list[dict], eval_scores: dict) -> dict:
+    """Detection of the attacked texts, and their mean detector score (it moves where TPR saturates)."""
+    values = [r["score"] for r in attacked if r["score"] is not None]
+    return {**attacked_metrics(attacked, eval_scores), "mean_score": float(np.mean(values)) if values else None}
+
+
 def _row(run: dict, label: str, metrics: dict, how: dict | None) -> dict:
     from openstamp.methods import REGISTRY, Carrier
 
@@ -152,7 +158,7 @@ def _row(run: dict, label: str, metrics: dict, how: dict | None) -> dict:
         "why_simulated": how["why_simulated"] if how else None,
         "head_quantized": how["head_quantized"] if how else None,
         "decode_time": REGISTRY[run["method"]].carrier is Carrier.DECODER,
-        **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr")},
+        **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score")},
     }
 
 
