@@ -2,12 +2,19 @@
 
 The watermark logits of a context depend on its *meaning*: its sentence embedding ``e``
 (MiniLM by default) goes through a trained transform ``T`` (see ``sir_train``) to ``m = 300``
-units, which are centred and pushed to +-1, and a keyed mapping ``pi: V -> {0..m-1}`` (each token
-draws a unit from a SHAKE-256 stream, as the reference code's random mapping) spreads them over
-the vocabulary::
+units, which are centred and pushed to +-1, and a keyed mapping ``pi: V -> {0..m-1}`` spreads
+them over the vocabulary::
 
-    u(ctx) = tanh(sharpness * (T(e(ctx)) - mean T(e(ctx))))        (m,), sharpness = 1000
+    u(ctx) = tanh(sharpness * (T(e(ctx)) - median T(e(ctx))))      (m,), sharpness = 1000
     s(ctx, v) = u(ctx)[pi(v)]                                       in [-1, 1]; 0 for special/padding ids
+
+Two departures from the reference code, both to make the null mean exactly 0 for each key
+(the code's choices gave mean scores of -0.10 .. +0.04 on uniformly random tokens of the tiny
+model, depending on the key): the units are centred on their *median* (the code: mean; skewed
+outputs then have more units of one sign), and ``pi`` is a keyed *balanced* mapping (a keyed
+permutation of the scored ids dealt round-robin to the units; the code draws each token's
+unit independently, so units carry unequal numbers of tokens). Half the units are +1 and each
+carries the same number of tokens, so ``mean_v s(ctx, v) ~ 0`` in every context.
 
 Generation adds ``delta * s(ctx, .)`` to the logits (before temperature and top-p). Paraphrases
 have similar embeddings, hence similar scores: that is SIR's robustness.
@@ -88,7 +95,7 @@ class ContextScorer:
     def units_of_texts(self, texts: list[str]) -> torch.Tensor:
         """float32 (N, m): ``u`` of each context text."""
         out = self.transform(embed(texts, self.embedder)).float()
-        return torch.tanh(self.sharpness * (out - out.mean(-1, keepdim=True)))
+        return torch.tanh(self.sharpness * (out - out.quantile(0.5, dim=-1, keepdim=True)))
 
     def units(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """float32 (N, m): ``u`` of each token context, computed once per distinct context."""
@@ -196,10 +203,18 @@ def training_texts(
 
 
 def keyed_mapping(seed: int, vocab_size: int, units: int, excluded: list[int]) -> torch.Tensor:
-    """long (|V|,): ``pi(v) = PRF(secret, v) mod m``, -1 for the excluded ids."""
-    words = keyed_uint32(method_secret("sir", seed), _DOMAIN, 0, vocab_size)
-    mapping = torch.from_numpy((words % units).astype(np.int64))
-    mapping[torch.as_tensor(excluded, dtype=torch.long)] = -1
+    """long (|V|,): a keyed balanced mapping of the scored ids onto the m units, -1 for the excluded ids.
+
+    The scored ids are ordered by a keyed permutation (argsort of a SHAKE-256 stream) and dealt
+    round-robin: ``pi(v) = rank(v) mod m``, so each unit carries floor or ceil(|V'| / m) tokens.
+    """
+    scored = torch.ones(vocab_size, dtype=torch.bool)
+    scored[torch.as_tensor(excluded, dtype=torch.long)] = False
+    ids = torch.nonzero(scored).squeeze(1)
+    words = keyed_uint32(method_secret("sir", seed), _DOMAIN, 0, vocab_size)[ids.numpy()]
+    order = ids[torch.from_numpy(np.argsort(words, kind="stable"))]
+    mapping = torch.full((vocab_size,), -1, dtype=torch.long)
+    mapping[order] = torch.arange(len(order)) % units
     return mapping
 
 
@@ -249,7 +264,7 @@ class SIR(WatermarkMethod):
     def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
         seqs = encode(tokenizer, texts)
         per_token = self.token_scores(seqs)
-        return [self._z_test(s) for s in per_token]
+        return [self.z_test(s) for s in per_token]
 
     def token_scores(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """float32 (len(y) - 1,) for each token sequence y: ``s(ctx_t, y_t)`` for t >= 1."""
@@ -263,7 +278,8 @@ class SIR(WatermarkMethod):
         values = units.gather(1, mapped.clamp_min(0)[:, None]).squeeze(1).masked_fill(mapped < 0, 0.0)
         return list(values.split([max(len(y) - 1, 0) for y in seqs]))
 
-    def _z_test(self, values: torch.Tensor) -> MethodScore:
+    def z_test(self, values: torch.Tensor) -> MethodScore:
+        """The detection of one text from its per-token scores (n,): mean score, z and one-sided p."""
         count = len(values)
         if count < self.config.min_tokens:
             return MethodScore(None, None, count)
