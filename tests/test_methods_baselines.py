@@ -153,8 +153,6 @@ def test_with_strength_keeps_the_key(env, name):
     clone = method.with_strength(2 * method.strength_value)
     assert clone.config == dataclasses.replace(method.config, **{method.strength: 2 * method.strength_value})
     assert method.strength_value == getattr(REGISTRY[name].config_class(), method.strength)
-    if method.carrier is Carrier.DECODER:  # one key: both score a text alike
-        assert clone.score(env.base, env.tok, env.plain[:3]) == method.score(env.base, env.tok, env.plain[:3])
     for field_name in method.key_fields:  # the key is shared, not rebuilt
         assert getattr(clone, field_name) is getattr(method, field_name)
     if method.carrier is Carrier.DECODER:
