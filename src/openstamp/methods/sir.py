@@ -27,14 +27,21 @@ tokens (and cached). ``y_0`` has no context: it gets no bias and is not scored. 
 code chunks by words and skips contexts under 40 words; we chunk by the model's tokens (the
 paper's chunk length 10) and score every token after the first.
 
-Detection scores the mean ``s`` of the observed tokens, ``mean_t s(ctx_t, y_t)``. Its p-value
-is a one-sided self-normalised z-test: under the null (text independent of the key) the
-per-token scores have mean 0 (the units are centred and the mapping is balanced), and
-``z = sum_t s_t / sqrt(sum_t s_t^2)`` is approximately N(0, 1) (the second moment about 0 is
-the null variance estimate; a watermarked text with all s = 1 gives z = sqrt(n), never a
-division by 0). The reference code thresholds the mean without a p-value. Caveat: for one key,
-frequent tokens whose unit is positive in most contexts shift human text's mean a little;
-that offset averages out over keys, not within one.
+Detection. Each observed token gets ``s_t = s(ctx_t, y_t)``. With ``unique`` (the default) the
+terms are the k distinct tokens' mean scores ``a_v = mean_{t: y_t = v} s_t`` (as kgw scores
+distinct pairs); without it, the n per-token scores (the reference code's mean). The score is
+the mean term, and the p-value a one-sided self-normalised z-test::
+
+    z = sum_j a_j / sqrt(sum_j a_j^2)        p = 1 - Phi(z)
+
+Under the null (text independent of the key) the terms have mean 0 (the units are centred and
+the mapping balanced), so z ~ N(0, 1); the second moment about 0 is the null variance
+estimate (a text of all-(+1) terms gives z = sqrt(k), never a division by 0). The reference
+code thresholds the mean and gives no p-value. Why distinct tokens: a repeated token's scores
+are nearly equal (semantically close contexts give close units), so counting each occurrence
+overdisperses z, and for one key a frequent token whose unit is mostly +1 (or -1) shifts a
+text's mean; on the tiny test model the byte tokens of U+FFFD, which re-tokenising sampled
+invalid UTF-8 produces, dominated the all-token mean and hid the watermark from detection.
 """
 
 from __future__ import annotations
@@ -171,6 +178,7 @@ class SIRConfig:
     lr: float = option(1e-3, "Adam learning rate")
     sim_scale: float = option(20.0, "scale inside tanh of the similarity target (paper and code: 20)")
     norm_weight: float = option(0.1, "weight of the normalisation loss (the reference code: 0.1)")
+    unique: bool = option(True, "score each distinct token once (its mean score); False: every token (the code)")
     min_tokens: int = option(16, "texts with fewer scored tokens get no score")
 
     def __post_init__(self) -> None:
@@ -264,7 +272,7 @@ class SIR(WatermarkMethod):
     def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
         seqs = encode(tokenizer, texts)
         per_token = self.token_scores(seqs)
-        return [self.z_test(s) for s in per_token]
+        return [self.z_test(s, torch.tensor(y[1:], dtype=torch.long)) for s, y in zip(per_token, seqs, strict=True)]
 
     def token_scores(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """float32 (len(y) - 1,) for each token sequence y: ``s(ctx_t, y_t)`` for t >= 1."""
@@ -278,12 +286,21 @@ class SIR(WatermarkMethod):
         values = units.gather(1, mapped.clamp_min(0)[:, None]).squeeze(1).masked_fill(mapped < 0, 0.0)
         return list(values.split([max(len(y) - 1, 0) for y in seqs]))
 
-    def z_test(self, values: torch.Tensor) -> MethodScore:
-        """The detection of one text from its per-token scores (n,): mean score, z and one-sided p."""
+    def z_test(self, values: torch.Tensor, tokens: torch.Tensor) -> MethodScore:
+        """The detection of one text from its per-token scores and tokens (n,): mean score, z, one-sided p."""
         count = len(values)
         if count < self.config.min_tokens:
             return MethodScore(None, None, count)
         v = values.double()
-        energy = float(v.pow(2).sum())
-        z = float(v.sum()) / math.sqrt(energy) if energy > 0 else 0.0
-        return MethodScore(float(v.mean()), float(norm.sf(z)), count, {"z": z})
+        terms = distinct_means(v, tokens) if self.config.unique else v
+        energy = float(terms.pow(2).sum())
+        z = float(terms.sum()) / math.sqrt(energy) if energy > 0 else 0.0
+        extra = {"z": z, "n_terms": float(len(terms)), "mean_all_tokens": float(v.mean())}
+        return MethodScore(float(terms.mean()), float(norm.sf(z)), count, extra)
+
+
+def distinct_means(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(n,) scores and (n,) token ids -> (k,): the mean score of each of the k distinct tokens."""
+    uniq, inverse = torch.unique(tokens, return_inverse=True)
+    sums = torch.zeros(len(uniq), dtype=values.dtype).index_add_(0, inverse, values)
+    return sums / torch.bincount(inverse, minlength=len(uniq)).to(values.dtype)
