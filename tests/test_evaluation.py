@@ -21,6 +21,7 @@ TINY_STRENGTHS = {
     "gaussmark": 0.5,
     "kgw": 3.0,
     "kgw-llr": 3.0,
+    "sir": 2.0,
 }
 
 
@@ -28,6 +29,7 @@ def tiny_eval(model_dir, corpus_file, methods=METHODS, **overrides) -> EvalConfi
     settings = {
         "openstamp": {"profile": "small", "n_lists": 8},
         "openstamp-nosem": {"profile": "small", "n_lists": 8},
+        "sir": {"embedder": "bow", "steps": 100},  # a light embedder and a short training
     }
     return EvalConfig.from_dict(
         {
