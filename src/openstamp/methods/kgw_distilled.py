@@ -26,10 +26,12 @@ never passed off as another's. Another delta needs its own key (``method_setting
 so the sweep holds the default alone.
 
 Budget. Full fine-tuning with AdamW; one step is a teacher forward plus a student forward and
-backward on ``batch_size`` windows of ``seq_len`` tokens. Measured on the 2-core CPU
-(float32, batch 4 x 128 tokens): SmolLM2-135M about 9.5 s a step, the tests' tiny Llama about
-10 ms. The default 300 steps (about 150k tokens) take about 48 minutes for SmolLM2-135M there;
-Gu et al. train far longer (on GPUs), so this baseline is weaker than theirs.
+backward on ``batch_size`` windows of ``seq_len`` tokens. Measured on the shared 2-core CPU
+(float32, 2 threads, batch 4 x 128 tokens, other jobs running: load about 7): SmolLM2-135M took
+85 s for the first step (copy, optimizer state) and about 24 s for each further step; the tests'
+tiny Llama about 30 ms a step (batch 8 x 64). The default 120 steps (61k tokens) so take about
+50 minutes for SmolLM2-135M there (less on an idle machine). Gu et al. distil for far longer on
+GPUs, so at this budget the baseline is weaker than theirs; raise ``steps`` where time allows.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ _WEIGHT = "weight/"  # prefix of the student's parameters in key.safetensors
 @dataclass(frozen=True, kw_only=True)
 class KGWDistilledConfig(KGWLLRConfig):
     delta: float = option(2.0, "the teacher's logit bias on green tokens (the strength; one key per delta)")
-    steps: int = option(300, "distillation optimizer steps (about 48 min for SmolLM2-135M on 2 CPU cores)")
+    steps: int = option(120, "distillation optimizer steps (about 50 min for SmolLM2-135M on 2 busy CPU cores)")
     batch_size: int = option(4, "token windows per distillation step")
     seq_len: int = option(128, "tokens per distillation window")
     lr: float = option(1e-4, "peak learning rate (cosine schedule after a linear warm-up)")
