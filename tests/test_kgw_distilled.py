@@ -152,3 +152,37 @@ def test_budget_is_validated():
         create("kgw-distilled", steps=0)
     with pytest.raises(ValueError):
         create("kgw-distilled", optimizer="sgd")
+
+
+def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_file, tmp_path):
+    """kgw-distilled is weight-level: the eval saves its weights with the key, and the attack reloads them."""
+    from openstamp.attacks.finetune import FinetuneConfig, run_finetune
+    from openstamp.config import EvalConfig
+    from openstamp.evaluation.pipeline import run_eval
+
+    settings = {"delta": 3.0, **TINY_BUDGET}
+    cfg = EvalConfig.from_dict(
+        {
+            "model": str(model_dir),
+            "methods": ["kgw-distilled"],
+            "corpus": str(corpus_file),
+            "key_corpus": str(corpus_file),
+            "n": 8,
+            "prompt_tokens": 8,
+            "new_tokens": 32,
+            "batch_size": 4,
+            "score_batch_size": 4,
+            "oracle": "none",
+            "method_settings": {"kgw-distilled": settings},
+            "strengths": {"kgw-distilled": 3.0},
+        }
+    )
+    run_eval(cfg, tmp_path / "eval", progress=False)
+    key = tmp_path / "eval" / "keys" / "kgw-distilled" / "s0"
+    assert (key / "key.safetensors").stat().st_size > 4 * sum(
+        p.numel() for p in load_model(str(model_dir))[0].parameters()
+    )
+    attack = FinetuneConfig(corpus=str(corpus_file), steps=2, every=2, batch_size=2, seq_len=32, n=4, lr=1e-2)
+    results = run_finetune(tmp_path / "eval", tmp_path / "ft", attack, progress=False)
+    assert results["skipped"] == []
+    assert {(r["method"], r["step"]) for r in results["runs"]} == {("kgw-distilled", 0), ("kgw-distilled", 2)}
