@@ -23,7 +23,8 @@ Strength. The weights are distilled at one ``delta`` (the key's ``trained_delta`
 ``with_strength`` shares the key, and the clone scores with its own delta, but its ``apply``
 raises ValueError unless its delta equals ``trained_delta``: weights distilled at one delta are
 never passed off as another's. Another delta needs its own key (``method_settings`` in the eval),
-so the sweep holds the default alone.
+so the sweep holds the default alone; the paper's Pareto grid, delta in {1.0, 1.25, 1.5, 1.75, 2.0}
+(2.0 for every other table), is one eval run per delta.
 
 Budget. Full fine-tuning with AdamW; one step is a teacher forward plus a student forward and
 backward on ``batch_size`` windows of ``seq_len`` tokens. Measured on the shared 2-core CPU
@@ -38,10 +39,12 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from openstamp.config import option
 from openstamp.methods.base import Carrier, MethodScore, WatermarkMethod, register
@@ -84,7 +87,9 @@ class KGWDistilledConfig(KGWLLRConfig):
         )
 
 
-def teacher_kl(student_logits: torch.Tensor, base_logits: torch.Tensor, green: torch.Tensor, delta: float):
+def teacher_kl(
+    student_logits: torch.Tensor, base_logits: torch.Tensor, green: torch.Tensor, delta: float
+) -> torch.Tensor:
     """Mean KL(teacher || student) over positions.
 
     Args:
@@ -100,7 +105,7 @@ def teacher_kl(student_logits: torch.Tensor, base_logits: torch.Tensor, green: t
     return (teacher.exp() * (teacher - student)).sum(-1).mean()
 
 
-def _kl_loss(base, greens: GreenLists, delta: float):
+def _kl_loss(base, greens: GreenLists, delta: float) -> Callable[..., torch.Tensor]:
     """``loss_fn`` for :func:`openstamp.training.train`: the student's KL to base + delta G."""
 
     def loss(student, ids: torch.Tensor, _labels: torch.Tensor) -> torch.Tensor:
@@ -123,8 +128,10 @@ def mean_teacher_kl(student, base, greens: GreenLists, delta: float, windows: to
     return total / len(windows)
 
 
-def distill(model, windows: torch.Tensor, greens: GreenLists, cfg: KGWDistilledConfig, seed: int = 0):
-    """Fine-tune a copy of ``model`` towards the KGW teacher; ``model`` itself is left unchanged.
+def distill(
+    model: PreTrainedModel, windows: torch.Tensor, greens: GreenLists, cfg: KGWDistilledConfig, seed: int = 0
+) -> tuple[PreTrainedModel, list[float]]:
+    """Fine-tune a copy of ``model`` towards the KGW teacher on ``windows`` (N, T); ``model`` is left unchanged.
 
     Returns the student (eval mode, no gradients) and the per-step losses.
     """
