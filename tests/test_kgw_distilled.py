@@ -51,8 +51,8 @@ def same_weights(a, b) -> bool:
 
 
 def sample(model, tok, docs, seed):
-    """48 completions of 64 ' word' tokens (they survive the text round trip) after 8-token prompts."""
-    prompts = [ids[:8] for ids in encode(tok, [d.text for d in docs[:48]])]
+    """One completion per document (40) of 64 ' word' tokens (they survive the text round trip)."""
+    prompts = [ids[:8] for ids in encode(tok, [d.text for d in docs[:40]])]
     words = LogitsProcessorList([WordsOnly(tok, head(model).weight.shape[0])])
     out = sample_completions(model, tok, prompts, 64, seed=seed, logits_processor=words, progress=False)
     return [tok.decode(ids) for ids in out]
