@@ -21,6 +21,7 @@ TINY_STRENGTHS = {
     "gaussmark": 0.5,
     "kgw": 3.0,
     "kgw-llr": 3.0,
+    "kgw-distilled": 3.0,  # the key's distillation delta (method_settings below): one key per delta
     "sir": 2.0,
 }
 
@@ -29,6 +30,7 @@ def tiny_eval(model_dir, corpus_file, methods=METHODS, **overrides) -> EvalConfi
     settings = {
         "openstamp": {"profile": "small", "n_lists": 8},
         "openstamp-nosem": {"profile": "small", "n_lists": 8},
+        "kgw-distilled": {"delta": 3.0, "steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2},
         "sir": {"embedder": "bow", "steps": 100},  # a light embedder and a short training
     }
     return EvalConfig.from_dict(

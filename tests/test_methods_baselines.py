@@ -23,8 +23,11 @@ from openstamp.patch import head
 from openstamp.text import encode, never_green_ids
 
 BASELINES = tuple(name for name in REGISTRY if not name.startswith("openstamp"))  # every registered baseline
-TEST_STRENGTH = {"unremovable": 2.0, "gaussmark": 0.5, "kgw": 2.0, "kgw-llr": 2.0, "sir": 2.0}  # strong: tiny model
-TEST_SETTINGS = {"sir": {"embedder": "bow", "steps": 100}}  # a light embedder and a short training
+TEST_STRENGTH = {"unremovable": 2.0, "gaussmark": 0.5, "kgw": 2.0, "kgw-llr": 2.0, "kgw-distilled": 3.0, "sir": 2.0}
+TEST_SETTINGS = {  # strong strengths and short trainings: the tiny model
+    "kgw-distilled": {"steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2},
+    "sir": {"embedder": "bow", "steps": 100},
+}
 N_TEXTS, N_NEW = 32, 96
 
 
@@ -157,6 +160,9 @@ def test_with_strength_keeps_the_key(env, name):
         assert getattr(clone, field_name) is getattr(method, field_name)
     if method.carrier is Carrier.DECODER:
         assert clone.logits_processor().delta == 2 * method.logits_processor().delta
+    elif name == "kgw-distilled":  # the weights were distilled at one delta: a clone at another refuses them
+        with pytest.raises(ValueError, match="distilled at delta"):
+            clone.apply(load_model(str(env.dir))[0])
     else:  # same noise, twice the scale; the z-score does not depend on the scale
         assert torch.equal(clone.noise, method.noise)
         scale = clone.bias() if name == "unremovable" else clone.perturbation()
@@ -339,6 +345,8 @@ def test_kgw_llr_matches_a_full_softmax_reference(env):
         ("kgw", {"gamma": 1.0}),
         ("kgw-llr", {"delta": 0.0}),
         ("kgw-llr", {"chunk": 0}),
+        ("kgw-distilled", {"steps": 0}),
+        ("kgw-distilled", {"seq_len": 4}),
         ("sir", {"delta": -1.0}),
         ("sir", {"chunk": 0}),
         ("sir", {"layers": 1}),

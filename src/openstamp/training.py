@@ -3,7 +3,8 @@
 ``train`` is causal-LM training on a tensor of token windows (N, T). Labels default to the
 windows themselves; a labels tensor with -100 on the prompt and padding trains on the response
 tokens only (instruction tuning). Sequences are right-padded, so a causal model never attends
-to the padding of the tokens it is trained on, and no attention mask is needed.
+to the padding of the tokens it is trained on, and no attention mask is needed. A ``loss_fn``
+replaces the LM loss (the kgw-distilled baseline trains on KL(teacher || student) with it).
 """
 
 from __future__ import annotations
@@ -118,10 +119,13 @@ def train(
     cfg: TrainConfig,
     on_checkpoint: Callable[[int, float], None] | None = None,
     labels: torch.Tensor | None = None,
+    loss_fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> list[float]:
     """Causal-LM training on ``windows`` (N, T) for ``cfg.steps`` steps; returns the per-step losses.
 
-    ``labels`` (N, T), -100 where no loss is taken, default to the windows. ``on_checkpoint(step,
+    ``labels`` (N, T), -100 where no loss is taken, default to the windows. ``loss_fn(model, ids,
+    labels)`` (ids and labels long (B, T) on the model's device) -> scalar loss replaces the
+    causal-LM loss. ``on_checkpoint(step,
     mean loss since the last checkpoint)`` runs at step 0 and at every checkpoint with the model
     in eval mode; the RNG state is restored around it, so training does not depend on what the
     callback does (a resumed run replays the same steps).
@@ -151,7 +155,8 @@ def train(
             order = torch.cat([order, torch.randperm(len(windows), generator=generator)])
         chosen, order = order[: cfg.batch_size], order[cfg.batch_size :]
         model.train()
-        loss = model(input_ids=windows[chosen].to(device), labels=labels[chosen].to(device)).loss
+        ids, targets = windows[chosen].to(device), labels[chosen].to(device)
+        loss = model(input_ids=ids, labels=targets).loss if loss_fn is None else loss_fn(model, ids, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()

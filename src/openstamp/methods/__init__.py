@@ -6,6 +6,7 @@ from openstamp.methods import openstamp  # noqa: F401
 from openstamp.methods import unremovable  # noqa: F401
 from openstamp.methods import gaussmark  # noqa: F401
 from openstamp.methods import kgw  # noqa: F401
+from openstamp.methods import kgw_distilled  # noqa: F401
 from openstamp.methods import sir  # noqa: F401
 
 # isort: on

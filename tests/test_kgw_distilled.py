@@ -1,0 +1,188 @@
+"""kgw-distilled: KGW learned into the weights by distillation, on the tiny Llama."""
+
+import copy
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import WORDS
+from test_methods_baselines import WordsOnly
+from transformers import LogitsProcessorList
+
+from openstamp.corpus import load_documents
+from openstamp.generate import sample_completions
+from openstamp.methods import REGISTRY, create
+from openstamp.methods.kgw_distilled import mean_teacher_kl, teacher_kl
+from openstamp.models import load_model
+from openstamp.patch import head
+from openstamp.text import encode
+from openstamp.training import training_windows
+
+TINY_BUDGET = {"steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2}  # learns the tiny model's lists
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def env(tiny_model_dir, corpus_file):
+    base, tok = load_model(str(tiny_model_dir))
+    docs = load_documents(str(corpus_file))
+    method = create("kgw-distilled", delta=3.0, **TINY_BUDGET)
+    method.build(base, tok, docs, seed=0)
+    return base, tok, docs, method, tiny_model_dir
+
+
+def marked(method, model):
+    """``model`` carrying the watermark; a clone applies it, so ``method`` keeps no patch state."""
+    method.with_strength(method.strength_value).apply(model)
+    return model
+
+
+def same_weights(a, b) -> bool:
+    first, second = a.state_dict(), b.state_dict()
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def sample(model, tok, docs, seed):
+    """One completion per document (40) of 64 ' word' tokens (they survive the text round trip)."""
+    prompts = [ids[:8] for ids in encode(tok, [d.text for d in docs[:40]])]
+    words = LogitsProcessorList([WordsOnly(tok, head(model).weight.shape[0])])
+    out = sample_completions(model, tok, prompts, 64, seed=seed, logits_processor=words, progress=False)
+    return [tok.decode(ids) for ids in out]
+
+
+def test_kl_to_the_teacher_falls_during_distillation(env):
+    base, tok, docs, method, _ = env
+    windows = training_windows(tok, docs, 64)[-16:]
+    student = marked(method, copy.deepcopy(base))
+    before = mean_teacher_kl(base, base, method.greens, 3.0, windows)
+    after = mean_teacher_kl(student, base, method.greens, 3.0, windows)
+    assert after < 0.7 * before
+    assert np.mean(method.losses[-20:]) < 0.7 * np.mean(method.losses[:20])
+
+
+def test_teacher_kl_is_zero_for_the_teacher_and_matches_its_definition():
+    torch.manual_seed(0)
+    base, student = torch.randn(3, 5, 11), torch.randn(3, 5, 11)
+    green = torch.rand(3, 5, 11) < 0.3
+    assert float(teacher_kl(base + 2.0 * green, base, green, 2.0)) == pytest.approx(0.0, abs=1e-6)
+    p = torch.softmax(base.double() + 2.0 * green, -1)
+    expected = (p * (p.log() - torch.log_softmax(student.double(), -1))).sum(-1).mean()
+    assert float(teacher_kl(student, base, green, 2.0)) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_distilled_samples_score_above_the_original_models(env):
+    base, tok, docs, method, model_dir = env
+    model = marked(method, load_model(str(model_dir))[0])
+    wm = method.score(base, tok, sample(model, tok, docs, seed=2))
+    plain = method.score(base, tok, sample(base, tok, docs, seed=2))
+    z_wm, z_plain = [r.score for r in wm], [r.score for r in plain]
+    assert np.mean(z_wm) > np.mean(z_plain) + 1.0
+    assert np.mean([r.extra["llr"] for r in wm]) > np.mean([r.extra["llr"] for r in plain])
+
+
+def test_p_values_are_roughly_uniform_on_independent_text(env):
+    base, tok, _, method, _ = env
+    rng = random.Random(7)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(80)) for _ in range(100)]
+    p = np.array([r.p_value for r in method.score(base, tok, texts)])
+    assert np.mean(p <= 0.05) < 0.2
+    assert 0.25 < np.median(p) < 0.75
+
+
+def test_apply_writes_the_distilled_weights_and_revert_restores_them_exactly(env):
+    _, _, _, method, model_dir = env
+    model, _ = load_model(str(model_dir))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    method.apply(model)
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[name], value) for name, value in method.weights.items())
+    assert any(not torch.equal(model.state_dict()[k], before[k]) for k in before)
+    with pytest.raises(RuntimeError):
+        method.apply(model)
+    method.revert(model)
+    assert all(torch.equal(model.state_dict()[k], before[k]) for k in before)
+    with pytest.raises(RuntimeError):
+        method.revert(model)
+
+
+def test_save_load_round_trip_reproduces_apply_and_scores(env, tmp_path):
+    base, tok, docs, method, model_dir = env
+    method.save(tmp_path)
+    loaded = REGISTRY["kgw-distilled"]()
+    loaded.load(tmp_path)
+    assert loaded.config == method.config and loaded.trained_delta == 3.0
+    first, second = marked(method, load_model(str(model_dir))[0]), marked(loaded, load_model(str(model_dir))[0])
+    assert same_weights(first, second)
+    texts = [d.text[:300] for d in docs[:4]]
+    assert loaded.score(base, tok, texts) == method.score(base, tok, texts)
+
+
+def test_another_delta_keeps_the_key_but_refuses_to_apply(env):
+    base, tok, docs, method, model_dir = env
+    model, _ = load_model(str(model_dir))
+    other = method.with_strength(1.0)
+    assert other.weights is method.weights and other.greens is method.greens
+    with pytest.raises(ValueError, match="distilled at delta=3"):
+        other.apply(model)
+    same = method.with_strength(3.0)
+    same.apply(model)
+    same.revert(model)
+    texts = [d.text[:300] for d in docs[:3]]
+    z_other, z_same = other.score(base, tok, texts), same.score(base, tok, texts)
+    assert [r.score for r in z_other] == [r.score for r in z_same]  # the z-test does not use delta
+    assert [r.extra["llr"] for r in z_other] != [r.extra["llr"] for r in z_same]  # the LLR does
+
+
+def test_the_distilled_model_leaves_the_base_model_untouched(env, tiny_model_dir):
+    base, *_ = env
+    fresh, _ = load_model(str(tiny_model_dir))
+    assert same_weights(base, fresh)
+
+
+def test_budget_is_validated():
+    with pytest.raises(ValueError):
+        create("kgw-distilled", steps=0)
+    with pytest.raises(ValueError):
+        create("kgw-distilled", optimizer="sgd")
+
+
+def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_file, tmp_path):
+    """kgw-distilled is weight-level: the eval saves its weights with the key, and the attack reloads them."""
+    from openstamp.attacks.finetune import FinetuneConfig, run_finetune
+    from openstamp.config import EvalConfig
+    from openstamp.evaluation.pipeline import run_eval
+
+    settings = {"delta": 3.0, **TINY_BUDGET}
+    cfg = EvalConfig.from_dict(
+        {
+            "model": str(model_dir),
+            "methods": ["kgw-distilled"],
+            "corpus": str(corpus_file),
+            "key_corpus": str(corpus_file),
+            "n": 8,
+            "prompt_tokens": 8,
+            "new_tokens": 32,
+            "batch_size": 4,
+            "score_batch_size": 4,
+            "oracle": "none",
+            "method_settings": {"kgw-distilled": settings},
+            "strengths": {"kgw-distilled": 3.0},
+        }
+    )
+    run_eval(cfg, tmp_path / "eval", progress=False)
+    key = tmp_path / "eval" / "keys" / "kgw-distilled" / "s0"
+    assert (key / "key.safetensors").stat().st_size > 4 * sum(
+        p.numel() for p in load_model(str(model_dir))[0].parameters()
+    )
+    attack = FinetuneConfig(corpus=str(corpus_file), steps=2, every=2, batch_size=2, seq_len=32, n=4, lr=1e-2)
+    results = run_finetune(tmp_path / "eval", tmp_path / "ft", attack, progress=False)
+    assert results["skipped"] == []
+    assert {(r["method"], r["step"]) for r in results["runs"]} == {("kgw-distilled", 0), ("kgw-distilled", 2)}
