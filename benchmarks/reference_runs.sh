@@ -66,20 +66,19 @@ paraphrase() {
 
 durability() {
   # a compact run of the durability attacks on the current releases (re-tied OpenStamp, exact m): its own small
-  # eval (32 prompts, 100 new tokens, no oracle), then quantizers (real codecs, lm_head as each recipe does and
-  # the float-head variant), merging with the base, Wanda pruning and instruction tuning, 32 texts each
+  # eval (32 prompts, 100 new tokens, no oracle), then real quantizers (GGUF Q4_K_M with its quantized head,
+  # bitsandbytes NF4, HQQ 4-bit), SLERP with the base at t 0.5, Wanda at 50%, 30 steps of LoRA instruction tuning
   local D=runs/eval-durability R=runs/durability
   $OPENSTAMP eval --model smollm2-135m --methods openstamp,unremovable --n 32 --new-tokens 100 --oracle none --out $D
   $OPENSTAMP attack edit --eval $D --delete 0.1 --substitute 0.1 --out $R/edit
-  $OPENSTAMP attack quantize --eval $D --scheme gguf-q8_0,gguf-q4_k_m,int8,nf4,hqq-4bit --head recipe+float \
-    --out $R/quant
-  $OPENSTAMP attack merge --eval $D --method linear,slerp --t 0.3,0.5 --n 32 --out $R/merge
-  $OPENSTAMP attack prune --eval $D --method wanda --sparsity 0.3,0.5 --n 32 --out $R/prune
-  $OPENSTAMP attack instruct --eval $D --steps 60 --every 30 --n 32 --out $R/instruct
+  $OPENSTAMP attack quantize --eval $D --scheme gguf-q4_k_m,nf4,hqq-4bit --head recipe --out $R/quant-real
+  $OPENSTAMP attack merge --eval $D --method slerp --t 0.5 --n 32 --out $R/merge
+  $OPENSTAMP attack prune --eval $D --method wanda --sparsity 0.5 --n 32 --out $R/prune
+  $OPENSTAMP attack instruct --eval $D --steps 30 --every 30 --n 32 --out $R/instruct
   mkdir -p benchmarks/results/durability/attacks
   cp $D/results.json $D/report.md benchmarks/results/durability/
-  for a in edit quant merge prune instruct; do
-    if [ -f $R/$a/results.json ]; then cp $R/$a/results.json benchmarks/results/durability/attacks/$a.json; fi
+  for a in edit quant-real merge prune instruct; do
+    if [ -f $R/$a/results.json ]; then cp $R/$a/results.json benchmarks/results/durability/attacks/${a%-real}.json; fi
   done
 }
 
