@@ -69,6 +69,7 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
                 text += f" [{score:.3f}]"
             cells.append(text)
         rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    rows += _quality(attack)
     if "reinit" in attack:
         r = attack["reinit"]
         last = r["history"][-1]
@@ -119,3 +120,28 @@ def _weight_attack_columns(attack: dict) -> list[tuple[str, object, dict]]:
         values = {s["method"]: cell(s) for s in instruct["summary"] if s["step"] == last}
         columns.append((label, instruct["n"], values))
     return columns
+
+
+def _quality(attack: dict) -> list[str]:
+    """The attacked models' own held-out perplexity (merge and prune record it), next to the unattacked one."""
+    parts = []
+    for name in ("merge", "prune", "prune-magnitude", "prune-head"):
+        for s in attack.get(name, {}).get("summary", []):
+            ppl = s.get("ppl") or {}
+            if ppl.get("mean") is None:
+                continue
+            setting = (
+                f"{s['merge']} t {s['t']:g}" if name == "merge" else f"{s.get('pruner', name)} {s['sparsity']:.0%}"
+            )
+            parts.append(f"{s['method']} {setting}: {ppl['mean']:.1f}")
+    if not parts:
+        return []
+    base = attack.get("merge", {}).get("with_model_ppl")
+    tail = f"; the base model itself: {base:.1f}" if base else ""
+    return [
+        "",
+        "Held-out perplexity of the attacked models (t 0 and 0% are the unattacked releases): "
+        + "; ".join(parts)
+        + tail
+        + ".",
+    ]
