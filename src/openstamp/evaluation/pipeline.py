@@ -16,6 +16,7 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import asdict
@@ -43,6 +44,8 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
 
     choice = select_generator(generator)
     log.info("generator: %s (%s)", choice.name, choice.reason)
+    if not cfg.methods:  # the default: every registered method, recorded by name in config.json
+        cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
     _check_config(cfg, out)
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     key_docs = split_documents(load_documents(cfg.key_corpus), "key")
