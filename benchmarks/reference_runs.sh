@@ -75,9 +75,12 @@ durability() {
   $OPENSTAMP attack merge --eval $D --method slerp --t 0.5 --n 32 --out $R/merge
   $OPENSTAMP attack prune --eval $D --method wanda --sparsity 0.5 --n 32 --out $R/prune
   $OPENSTAMP attack instruct --eval $D --steps 30 --every 30 --n 32 --out $R/instruct
+  # the head re-trained on every window of all packaged text (about one epoch in 500 steps)
+  [ -f runs/demo/model/config.json ] || $OPENSTAMP demo --quiet
+  $OPENSTAMP attack reinit-head --model runs/demo/model --steps 500 --every 100 --out $R/reinit
   mkdir -p benchmarks/results/durability/attacks
   cp $D/results.json $D/report.md benchmarks/results/durability/
-  for a in edit quant-real merge prune instruct; do
+  for a in edit quant-real merge prune instruct reinit; do
     if [ -f $R/$a/results.json ]; then cp $R/$a/results.json benchmarks/results/durability/attacks/${a%-real}.json; fi
   done
 }

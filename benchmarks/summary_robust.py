@@ -73,12 +73,20 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
     if "reinit" in attack:
         r = attack["reinit"]
         last = r["history"][-1]
-        rows += [
-            "",
-            f"Re-initialising lm_head and retraining only it ({last['step']} steps, {last['tokens']:,} tokens): "
-            f"held-out perplexity {r['baseline_ppl']:.1f} with the watermarked head, "
-            f"{r['history'][0]['ppl']:,.0f} right after re-initialisation, {last['ppl']:.1f} after training.",
-        ]
+        corpus = r["settings"]["corpus"]
+        distinct = f", {r['train_tokens_distinct']:,} distinct tokens of {corpus}" if r.get("train_tokens_distinct") else ""
+        text = (
+            f"Re-initialising lm_head and retraining only it ({last['step']} steps, {last['tokens']:,} tokens"
+            f"{distinct}): held-out perplexity {r['baseline_ppl']:.1f} with the watermarked head, "
+            f"{r['history'][0]['ppl']:,.0f} right after re-initialisation, {last['ppl']:.1f} after training"
+        )
+        if "plateau_step" in r:
+            gain = r["last_interval_gain"]
+            text += (
+                f" ({r['final_over_baseline']:.2f}x the watermarked model's; within {r['plateau_tolerance']:.0%} of "
+                f"that from step {r['plateau_step']:,}; the last interval still gained {gain:.1%})"
+            )
+        rows += ["", text + "."]
     if "inversion" in attack:
         conditions = "; ".join(
             f"{c['condition'].lower()}: ARI {c['ari']:.2f}, NMI {c['nmi']:.2f}"
