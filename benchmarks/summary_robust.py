@@ -73,8 +73,8 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
     if "reinit" in attack:
         r = attack["reinit"]
         last = r["history"][-1]
-        corpus = r["settings"]["corpus"]
-        distinct = f", {r['train_tokens_distinct']:,} distinct tokens of {corpus}" if r.get("train_tokens_distinct") else ""
+        seen = r.get("train_tokens_distinct")
+        distinct = f", {seen:,} distinct tokens of {r['settings']['corpus']}" if seen else ""
         text = (
             f"Re-initialising lm_head and retraining only it ({last['step']} steps, {last['tokens']:,} tokens"
             f"{distinct}): held-out perplexity {r['baseline_ppl']:.1f} with the watermarked head, "
