@@ -79,6 +79,24 @@ class GreenLists:
         """bool (n, |V|): the green list of each previous token."""
         return torch.stack([self.mask(int(p)) for p in prevs])
 
+    @classmethod
+    def for_model(cls, secret: bytes, model, tokenizer, gamma: float) -> GreenLists:
+        """Lists over the model's unembedding rows; special tokens and padding rows are never green."""
+        vocab = head(model).weight.shape[0]
+        return cls(secret, vocab, gamma, never_green_ids(tokenizer, vocab))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What a saved key holds of the lists (``from_tensors`` reads it back)."""
+        return {
+            "secret": secret_tensor(self.secret),
+            "excluded": self.excluded,
+            "vocab_size": torch.tensor([self.vocab_size]),
+        }
+
+    @classmethod
+    def from_tensors(cls, t: dict[str, torch.Tensor], gamma: float) -> GreenLists:
+        return cls(bytes(t["secret"].tolist()), int(t["vocab_size"][0]), gamma, t["excluded"].tolist())
+
 
 class KGWProcessor(LogitsProcessor):
     """Adds ``delta`` to the green logits of each row, keyed on the row's last token."""
@@ -120,23 +138,15 @@ class KGW(WatermarkMethod):
     greens: GreenLists
 
     def build(self, model, tokenizer, documents, seed) -> None:
-        vocab = head(model).weight.shape[0]
         secret = method_secret("kgw", seed)  # kgw and kgw-llr with one seed share the lists (and texts)
-        self.greens = GreenLists(secret, vocab, self.config.gamma, never_green_ids(tokenizer, vocab))
+        self.greens = GreenLists.for_model(secret, model, tokenizer, self.config.gamma)
 
     def save(self, directory: Path) -> None:
-        g = self.greens
-        tensors = {
-            "secret": secret_tensor(g.secret),
-            "excluded": g.excluded,
-            "vocab_size": torch.tensor([g.vocab_size]),
-        }
-        save_key(directory, self.config, tensors)
+        save_key(directory, self.config, self.greens.tensors())
 
     def load(self, directory: Path) -> None:
         self.config, t = load_key(directory, self.config_class)
-        secret = bytes(t["secret"].tolist())
-        self.greens = GreenLists(secret, int(t["vocab_size"][0]), self.config.gamma, t["excluded"].tolist())
+        self.greens = GreenLists.from_tensors(t, self.config.gamma)
 
     @property
     def generation_family(self) -> str:

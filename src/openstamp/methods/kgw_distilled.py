@@ -51,11 +51,9 @@ from transformers import PreTrainedModel
 
 from openstamp.config import option
 from openstamp.methods.base import Carrier, MethodScore, WatermarkMethod, register
-from openstamp.methods.common import load_key, method_secret, save_key, secret_tensor
+from openstamp.methods.common import load_key, method_secret, save_key
 from openstamp.methods.kgw import KGW, KGWLLR, GreenLists, KGWConfig, KGWLLRConfig
 from openstamp.models import model_device
-from openstamp.patch import head
-from openstamp.text import never_green_ids
 from openstamp.training import TrainConfig, prepare, train, training_windows
 
 _WEIGHT = "weight/"  # prefix of the student's parameters in key.safetensors
@@ -158,29 +156,20 @@ class KGWDistilled(WatermarkMethod):
     _saved: dict[str, torch.Tensor] | None = None  # the original parameters while applied
 
     def build(self, model, tokenizer, documents, seed) -> None:
-        vocab = head(model).weight.shape[0]
-        secret = method_secret(self.name, seed)
-        self.greens = GreenLists(secret, vocab, self.config.gamma, never_green_ids(tokenizer, vocab))
+        self.greens = GreenLists.for_model(method_secret(self.name, seed), model, tokenizer, self.config.gamma)
         windows = training_windows(tokenizer, documents, self.config.seq_len)
         student, self.losses = distill(model, windows, self.greens, self.config, seed)
         self.weights = {name: p.detach().cpu().clone() for name, p in student.named_parameters()}
         self.trained_delta = self.config.delta
 
     def save(self, directory: Path) -> None:
-        g = self.greens
-        tensors = {
-            "secret": secret_tensor(g.secret),
-            "excluded": g.excluded,
-            "vocab_size": torch.tensor([g.vocab_size]),
-            "trained_delta": torch.tensor([self.trained_delta], dtype=torch.float64),
-        }
+        tensors = {**self.greens.tensors(), "trained_delta": torch.tensor([self.trained_delta], dtype=torch.float64)}
         tensors.update({_WEIGHT + name: value for name, value in self.weights.items()})
         save_key(directory, self.config, tensors)
 
     def load(self, directory: Path) -> None:
         self.config, t = load_key(directory, self.config_class)
-        secret = bytes(t["secret"].tolist())
-        self.greens = GreenLists(secret, int(t["vocab_size"][0]), self.config.gamma, t["excluded"].tolist())
+        self.greens = GreenLists.from_tensors(t, self.config.gamma)
         self.trained_delta = float(t["trained_delta"][0])
         self.weights = {k.removeprefix(_WEIGHT): v for k, v in t.items() if k.startswith(_WEIGHT)}
 
