@@ -219,10 +219,18 @@ def embed(
         if corpus_part == "all":
             log.warning("--corpus-part all: the tuning prompts come from documents the key was built on")
         key, _ = tune_delta(model, tokenizer, key, heldout, tune, tied_head, progress)
-    apply_watermark(model, key, tied_head, source=model_spec)
+    write_release(model, tokenizer, key, key_dir, out, tied_head, model_spec, overwrite)
+    return EmbedResult(key, Path(out) if out is not None else None, Path(key_dir), model, tokenizer)
+
+
+def write_release(model, tokenizer, key: WatermarkKey, key_dir, out, tied_head: str, source: str, overwrite: bool):
+    """Watermark ``model`` in place, then write the key and (unless ``out`` is None) the checkpoint.
+
+    The key is written first: a checkpoint must never exist without its key.
+    """
+    apply_watermark(model, key, tied_head, source=source)
     key.save(key_dir, overwrite=overwrite)
     if out is not None:
         with atomic_directory(out, overwrite=overwrite) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-    return EmbedResult(key, Path(out) if out is not None else None, Path(key_dir), model, tokenizer)

@@ -74,9 +74,9 @@ def retune(source: Path, key_dir: Path, out: Path | None, model: str, corpus: st
     from openstamp.corpus import load_documents, split_documents
     from openstamp.key import WatermarkKey
     from openstamp.models import load_model
-    from openstamp.patch import apply_watermark
-    from openstamp.storage import atomic_directory, check_can_write
+    from openstamp.storage import check_can_write
     from openstamp.tune import tune_delta
+    from openstamp.watermark import write_release
 
     check_can_write(key_dir, overwrite)
     if out is not None:
@@ -85,11 +85,6 @@ def retune(source: Path, key_dir: Path, out: Path | None, model: str, corpus: st
     base, tokenizer = load_model(model, dtype=dtype, device=device)
     heldout = split_documents(load_documents(corpus), "heldout")
     key, report = tune_delta(base, tokenizer, base_key, heldout, cfg, tied_head, progress=not quiet)
-    apply_watermark(base, key, tied_head, source=model)
-    key.save(key_dir, overwrite=overwrite)
-    if out is not None:
-        with atomic_directory(out, overwrite=overwrite) as tmp:
-            base.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+    write_release(base, tokenizer, key, key_dir, out, tied_head, model, overwrite)
     print_tune(report)
     print_summary(key, out, key_dir)
