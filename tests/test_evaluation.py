@@ -175,3 +175,45 @@ def test_saved_keys_carry_fingerprints_for_the_base_model(finished_run, model_di
     base, _ = load_model(str(model_dir))
     key = WatermarkKey.load(out / "keys" / "openstamp" / "s0" / "key")
     assert check_key(base, key) == "original"  # reloaded keys (e.g. by the attacks) still match the model
+
+
+def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
+    out, results, methods = finished_run
+    assert (out / "length_curve.png").exists()
+    assert "## Detection against length" in (out / "report.md").read_text()
+    for run in results["runs"]:
+        curve = run["length_curve"]
+        assert [row["tokens"] for row in curve] == [16, 32], run["run"]  # 64 and 128 exceed new_tokens 32
+        full, m = curve[-1], run["metrics"]
+        assert full["tpr_at_1pct_fpr"] == m["tpr_at_1pct_fpr"] and full["auroc"] == pytest.approx(m["auroc"])
+        assert full["flagged_at_p_0.01"] == m.get("flagged_at_p_0.01")
+        assert curve[0]["scored_tokens"] < full["scored_tokens"]  # the cut texts are shorter (re-tokenised)
+    assert {(r["method"], r["tokens"]) for r in results["length_curve"]} == {(m, t) for m in methods for t in (16, 32)}
+
+
+def test_length_curve_maths():
+    from openstamp.evaluation.lengths import curve, run_lengths
+
+    assert run_lengths((128, 16, 64, 32, 200), 100) == [16, 32, 64] and run_lengths((), 100) == []
+
+    def record(score, p=None):
+        return {"score": score, "p_value": p, "n_tokens": 10, "extra": {}}
+
+    human = [record(float(x), 0.5) for x in range(100)]  # 1% FPR threshold: 98 (one score above it)
+    watermarked = [record(99.5, 0.001), record(98.5, 0.001), record(50.0, 0.2), record(None, None)]
+    rows = curve({"10": {"watermarked": watermarked, "human": human}})
+    assert rows[0]["tpr_at_1pct_fpr"] == 0.5 and rows[0]["flagged_at_p_0.01"] is None  # one text has no p-value
+    watermarked[-1] = record(1.0, 0.9)
+    rows = curve({"10": {"watermarked": watermarked, "human": human}})
+    assert rows[0]["flagged_at_p_0.01"] == 0.5 and rows[0]["human_flagged_at_p_0.01"] == 0.0
+
+
+def test_a_run_written_before_a_new_setting_still_resumes(tmp_path):
+    cfg = EvalConfig()
+    stored = json.loads(json.dumps(cfg.to_dict()))
+    del stored["lengths"]  # a field added after the run was written
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    pipeline._check_config(cfg, tmp_path)  # accepted: the new field is at its default
+    assert json.loads((tmp_path / "config.json").read_text())["lengths"] == list(cfg.lengths)
+    with pytest.raises(ValueError, match="different settings"):
+        pipeline._check_config(EvalConfig(lengths=(32,)), tmp_path)

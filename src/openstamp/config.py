@@ -241,6 +241,9 @@ class EvalConfig:
     sweep: bool = option(False, "run each method over its strength grid for the Pareto plot")
     grids: dict = field(default_factory=dict, metadata={"help": "method -> strength grid for the sweep"})
     method_settings: dict = field(default_factory=dict, metadata={"help": "method -> {config field: value}"})
+    lengths: tuple[int, ...] = option(
+        (16, 32, 64, 128), "completions also scored cut to these token counts (detection against length); () skips"
+    )
     oracle: str = option("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
     batch_size: int = option(32, "generation batch")
     score_batch_size: int = option(16, "detection batch")
@@ -251,6 +254,7 @@ class EvalConfig:
         check(self.n >= 2 and self.prompt_tokens >= 1 and self.new_tokens >= 16, "need n >= 2, new_tokens >= 16")
         check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
         check(len(self.seeds) >= 1, "need at least one seed")
+        check(all(n >= 1 for n in self.lengths), "lengths must be token counts >= 1")
         check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,11 +264,11 @@ class EvalConfig:
     def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
         _reject_unknown(cls, data, "eval config")
         data = dict(data)
-        for name in ("methods", "seeds"):
+        for name in ("methods", "seeds", "lengths"):
             if name in data and isinstance(data[name], str):
                 data[name] = [v.strip() for v in data[name].split(",") if v.strip()]
             if name in data:
-                data[name] = tuple(int(v) if name == "seeds" else v for v in data[name])
+                data[name] = tuple(v if name == "methods" else int(v) for v in data[name])
         return cls(**data)
 
     @classmethod

@@ -9,6 +9,7 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
       keys/<method>/s<seed>/      each method's key
       generations/<run>/b*.json   completions, one file per batch
       scores/<run>.json           the run's detector on watermarked, human and unwatermarked text
+      scores/lengths/<run>.json   the same on watermarked and human text cut to each of cfg.lengths
       ppl/<set>.json              oracle perplexities
       own_ppl/<set>.json          the generating model's own NLL on the human continuations
       results.json, samples.jsonl, report.md, *.png
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from openstamp.config import EvalConfig
 from openstamp.corpus import load_documents, split_documents
+from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
@@ -81,6 +83,17 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
                     if variant.carrier is Carrier.WEIGHTS:
                         variant.revert(model)
                 score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
+                score_lengths(
+                    out,
+                    run,
+                    variant,
+                    model,
+                    tokenizer,
+                    load_generations(out, gen_name),
+                    [w["human"] for w in windows],
+                    run_lengths(cfg.lengths, cfg.new_tokens),
+                    cfg.score_batch_size,
+                )
                 runs.append(
                     {
                         "run": run,
@@ -103,11 +116,17 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
 
 
 def _check_config(cfg: EvalConfig, out: Path) -> None:
+    """Refuse a run directory written with other settings; a field added since, at its default, still matches."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
-    if path.exists() and read_json(path, "run config") != json.loads(json.dumps(asdict(cfg))):
-        raise ValueError(f"{out} holds a run with different settings; choose another --out or delete it")
-    atomic_write_json(path, asdict(cfg))
+    wanted = json.loads(json.dumps(asdict(cfg)))
+    if path.exists():
+        stored = read_json(path, "run config")
+        defaults = json.loads(json.dumps(asdict(EvalConfig())))
+        stored.update({k: v for k, v in defaults.items() if k not in stored})
+        if stored != wanted:
+            raise ValueError(f"{out} holds a run with different settings; choose another --out or delete it")
+    atomic_write_json(path, wanted)
 
 
 def load_windows(cfg: EvalConfig, tokenizer, exclude: set[str], out: Path) -> list[dict]:

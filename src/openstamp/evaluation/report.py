@@ -96,6 +96,31 @@ def ci_table(results: dict) -> list[str]:
     return rows
 
 
+def length_table(results: dict) -> list[str]:
+    """TPR@1%FPR (and the share flagged at p <= 0.01) of each method and strength at each length."""
+    rows = results.get("length_curve") or []
+    if not rows:
+        return []
+    tokens = sorted({r["tokens"] for r in rows})
+    lines = [
+        "Each cell: TPR@1%FPR against human text cut to the same length (fraction of watermarked texts "
+        "flagged at p <= 0.01, where the method gives p-values). Columns: tokens kept of each text.",
+        "",
+        "| method | strength | " + " | ".join(str(t) for t in tokens) + " |",
+        "|---|---:|" + "---:|" * len(tokens),
+    ]
+    for method, strength in dict.fromkeys((r["method"], r["strength"]) for r in rows):
+        at = {r["tokens"]: r for r in rows if (r["method"], r["strength"]) == (method, strength)}
+        cells = []
+        for t in tokens:
+            r = at.get(t)
+            flagged = "" if r is None or r["flagged_at_p_0.01"] is None else f" ({r['flagged_at_p_0.01']:.2f})"
+            tpr = "-" if r is None or r["tpr_at_1pct_fpr"] is None else f"{r['tpr_at_1pct_fpr']:.3f}"
+            cells.append(f"{tpr}{flagged}")
+        lines.append(f"| {method} | {strength:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(out: Path) -> Path:
     """Write report.md and its PNGs from ``out/results.json``."""
     results = read_json(out / "results.json", "results file")
@@ -120,6 +145,7 @@ def write_report(out: Path) -> Path:
         "",
         *reference_table(results),
         "",
+        *(["## Detection against length", "", *length_table(results), ""] if results.get("length_curve") else []),
         "## Per run, with bootstrap confidence intervals",
         "",
         *ci_table(results),
@@ -197,7 +223,29 @@ def _plots(out: Path, results: dict) -> list[str]:
         ax.set(xlabel="perplexity (mean, oracle)", ylabel="TPR @ 1% FPR", title="detectability vs quality")
         ax.legend(fontsize=7)
         names.append(_save(fig, out / "pareto.png"))
+    if results.get("length_curve"):
+        names.append(_length_plot(results["length_curve"], out / "length_curve.png"))
     return names
+
+
+def _length_plot(rows: list[dict], path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for method, strength in dict.fromkeys((r["method"], r["strength"]) for r in rows):
+        at = [r for r in rows if (r["method"], r["strength"]) == (method, strength)]
+        tpr = [(r["tokens"], r["tpr_at_1pct_fpr"]) for r in at if r["tpr_at_1pct_fpr"] is not None]
+        if not tpr:
+            continue
+        line = ax.plot(*zip(*tpr, strict=True), "o-", label=f"{method}@{strength:g}")
+        flagged = [(r["tokens"], r["flagged_at_p_0.01"]) for r in at if r["flagged_at_p_0.01"] is not None]
+        if flagged:
+            ax.plot(*zip(*flagged, strict=True), ":", color=line[0].get_color(), lw=1)
+    ax.set(xscale="log", xlabel="tokens of each text", ylabel="TPR @ 1% FPR (dotted: flagged at p <= 0.01)")
+    ax.set(ylim=(0, 1.05), title="detection against length")
+    ax.set_xticks(sorted({r["tokens"] for r in rows}), labels=[str(t) for t in sorted({r["tokens"] for r in rows})])
+    ax.legend(fontsize=7)
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> str:

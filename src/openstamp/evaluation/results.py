@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.config import EvalConfig
+from openstamp.evaluation.lengths import mean_curve, run_curve
 from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr
 from openstamp.evaluation.own_ppl import change, perplexity
 from openstamp.storage import atomic_write_text, read_json
@@ -112,7 +113,8 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
             **quality_metrics(ppl_of(r["generations"]), reference, load_generations(out, r["generations"])),
             **own_ppl_metrics(own_nll(r["generations"]), original),
         }
-        per_run.append({**r, "metrics": metrics})
+        length_curve = run_curve(out, r["run"], scores, cfg.new_tokens)
+        per_run.append({**r, "metrics": metrics, **({"length_curve": length_curve} if length_curve else {})})
     summary = []
     for key in dict.fromkeys((r["method"], r["strength"]) for r in per_run):
         group = [r["metrics"] for r in per_run if (r["method"], r["strength"]) == key]
@@ -137,6 +139,7 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "runs": per_run,
         "summary": summary,
+        "length_curve": mean_curve(per_run),
         "references": references,
     }
 

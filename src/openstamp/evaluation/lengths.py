@@ -1,0 +1,97 @@
+"""Detection against length: each run's detector on its completions cut to 16, 32, 64, ... tokens.
+
+A model owner asks how much text a detector needs. For each length L in ``EvalConfig.lengths``
+below ``new_tokens`` (the eval's own scores are the full length), the first L token ids of
+every watermarked completion and of every human continuation are decoded and scored, as the
+full texts are, so the negatives have the same length as the positives. Per run and length:
+
+* ``tpr_at_1pct_fpr``: TPR with the threshold at 1% FPR of the human texts of that length
+  (resolution-limited below 100 negatives, as everywhere);
+* ``flagged_at_p_0.01``: the fraction of watermarked texts whose p-value is <= 0.01, for methods
+  that give p-values (None otherwise), and ``human_flagged_at_p_0.01``, its false-positive rate;
+* ``auroc`` against the human texts, and ``scored_tokens``: the median tokens the detector scored.
+
+The scores are cached in ``scores/lengths/<run>.json``, one file per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from openstamp.evaluation.metrics import auroc, tpr_at_fpr
+from openstamp.storage import atomic_write_json, read_json
+
+
+def run_lengths(lengths: tuple[int, ...], new_tokens: int) -> list[int]:
+    """The lengths shorter than a completion, ascending (the full completion is scored by the eval itself)."""
+    return sorted({n for n in lengths if 0 < n < new_tokens})
+
+
+def lengths_path(out: Path, run: str) -> Path:
+    return out / "scores" / "lengths" / f"{run.replace('/', '_')}.json"
+
+
+def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, human, lengths, batch) -> None:
+    """Score the first L ids of the watermarked and human token lists for every L; cached per run."""
+    path = lengths_path(out, run)
+    if path.exists() or not lengths:
+        return
+    scores = {}
+    for n in lengths:
+        scores[str(n)] = {}
+        for name, ids in (("watermarked", watermarked), ("human", human)):
+            texts = tokenizer.batch_decode([x[:n] for x in ids], skip_special_tokens=True)
+            scores[str(n)][name] = [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, scores)
+
+
+def curve(scores: dict) -> list[dict]:
+    """One row per length: TPR@1%FPR, AUROC, the p <= 0.01 decisions and the median scored tokens."""
+    rows = []
+    for n, sets in sorted(scores.items(), key=lambda item: int(item[0])):
+        pos = np.array([-np.inf if r["score"] is None else r["score"] for r in sets["watermarked"]])
+        neg = np.array([r["score"] for r in sets["human"] if r["score"] is not None], dtype=np.float64)
+        p_pos = [r["p_value"] for r in sets["watermarked"]]
+        p_neg = [r["p_value"] for r in sets["human"] if r["p_value"] is not None]
+        has_p = all(p is not None for p in p_pos)
+        rows.append(
+            {
+                "tokens": int(n),
+                "scored_tokens": float(np.median([r["n_tokens"] for r in sets["watermarked"]])),
+                "auroc": auroc(pos, neg) if len(neg) else None,  # None: no human text of this length was scorable
+                "tpr_at_1pct_fpr": tpr_at_fpr(pos, neg, 0.01)["tpr"] if len(neg) else None,
+                "flagged_at_p_0.01": float(np.mean(np.array(p_pos) <= 0.01)) if has_p else None,
+                "human_flagged_at_p_0.01": float(np.mean(np.array(p_neg) <= 0.01)) if has_p and p_neg else None,
+            }
+        )
+    return rows
+
+
+def run_curve(out: Path, run: str, full: dict, new_tokens: int) -> list[dict] | None:
+    """The length curve of a run, its full-length ``full`` scores last; None where no shorter length was scored."""
+    path = lengths_path(out, run)
+    if not path.exists():
+        return None
+    scores = read_json(path, "length scores")
+    scores[str(new_tokens)] = {k: full[k] for k in ("watermarked", "human")}
+    return curve(scores)
+
+
+def mean_curve(per_run: list[dict]) -> list[dict]:
+    """Per (method, strength): the mean over seeds of each length's figures."""
+    keys = ("tpr_at_1pct_fpr", "flagged_at_p_0.01", "human_flagged_at_p_0.01", "auroc", "scored_tokens")
+    rows = []
+    for method, strength in dict.fromkeys((r["method"], r["strength"]) for r in per_run if r.get("length_curve")):
+        group = [r["length_curve"] for r in per_run if (r["method"], r["strength"]) == (method, strength)]
+        for tokens in [row["tokens"] for row in group[0]]:
+            at = [row for g in group for row in g if row["tokens"] == tokens]
+            means = {}
+            for k in keys:
+                values = [row[k] for row in at if row[k] is not None]
+                means[k] = float(np.mean(values)) if values else None
+            rows.append({"method": method, "strength": strength, "tokens": tokens, "seeds": len(at), **means})
+    return rows
