@@ -65,23 +65,35 @@ paraphrase() {
 }
 
 durability() {
-  # a compact run of the durability attacks on the current releases (re-tied OpenStamp, exact m): its own small
-  # eval (32 prompts, 100 new tokens, no oracle), then real quantizers (GGUF Q4_K_M with its quantized head,
-  # bitsandbytes NF4, HQQ 4-bit), SLERP with the base at t 0.5, Wanda at 50%, 30 steps of LoRA instruction tuning
+  # the durability attacks on the current releases (re-tied OpenStamp, exact m): their own small eval (32 prompts,
+  # 100 new tokens, no oracle), then every attack family of the durability benchmark at n 32
   local D=runs/eval-durability R=runs/durability
   $OPENSTAMP eval --model smollm2-135m --methods openstamp,unremovable --n 32 --new-tokens 100 --oracle none --out $D
   $OPENSTAMP attack edit --eval $D --delete 0.1 --substitute 0.1 --out $R/edit
-  $OPENSTAMP attack quantize --eval $D --scheme gguf-q4_k_m,nf4,hqq-4bit --head recipe --out $R/quant-real
-  $OPENSTAMP attack merge --eval $D --method slerp --t 0.5 --n 32 --out $R/merge
-  $OPENSTAMP attack prune --eval $D --method wanda --sparsity 0.5 --n 32 --out $R/prune
-  $OPENSTAMP attack instruct --eval $D --steps 30 --every 30 --n 32 --out $R/instruct
+  # merging with the base, and with a fine-tune of the base (full instruction tuning, 100 steps)
+  $OPENSTAMP attack merge --eval $D --method linear,slerp --t 0.1,0.3,0.5,0.7 --n 32 --out $R/merge-base
+  [ -f runs/base-ft/config.json ] || .venv/bin/python benchmarks/base_finetune.py --out runs/base-ft
+  $OPENSTAMP attack merge --eval $D --with runs/base-ft --method linear,slerp,ties,dare_ties --t 0.1,0.3,0.5,0.7 \
+    --task-t 0.5 --density 0.5 --n 32 --out $R/merge-ft
+  # pruning every linear layer of the blocks, then lm_head too (untied first)
+  for m in magnitude wanda; do
+    $OPENSTAMP attack prune --eval $D --method $m --sparsity 0.1,0.3,0.5 --n 32 --out $R/prune-$m
+    $OPENSTAMP attack prune --eval $D --method $m --sparsity 0.1,0.3,0.5 --include-head --n 32 --out $R/prune-$m-head
+  done
+  for m in lora full; do
+    $OPENSTAMP attack instruct --eval $D --mode $m --steps 100 --every 50 --n 32 --out $R/instruct-$m
+  done
+  # real quantizers, each with lm_head quantized and kept in float
+  $OPENSTAMP attack quantize --eval $D --scheme gguf-q8_0,gguf-q4_k_m,int8,nf4,hqq-4bit --head both --out $R/quant
   # the head re-trained on every window of all packaged text (about one epoch in 500 steps)
   [ -f runs/demo/model/config.json ] || $OPENSTAMP demo --quiet
   $OPENSTAMP attack reinit-head --model runs/demo/model --steps 500 --every 100 --out $R/reinit
   mkdir -p benchmarks/results/durability/attacks
   cp $D/results.json $D/report.md benchmarks/results/durability/
-  for a in edit quant-real merge prune instruct reinit; do
-    if [ -f $R/$a/results.json ]; then cp $R/$a/results.json benchmarks/results/durability/attacks/${a%-real}.json; fi
+  for dir in $R/*/; do
+    a=$(basename $dir)
+    if [ -f $R/$a/results.json ]; then cp $R/$a/results.json benchmarks/results/durability/attacks/$a.json; fi
+    for png in $R/$a/*.png; do if [ -f "$png" ]; then cp "$png" benchmarks/results/durability/attacks/$a-$(basename $png); fi; done
   done
 }
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from summary_cost import tune
-from summary_robust import robustness
+from summary_robust import durability, robustness
 from summary_trust import fpr_per_key, tail_check
 
 RESULTS = Path(__file__).parent / "results"
@@ -337,7 +337,7 @@ def render() -> str:
             f"{cfg['new_tokens']} new tokens; quantizers on their real libraries, labelled by backend in "
             "`benchmarks/results/durability/attacks/quant.json`"
         )
-        out += robustness(durable.parent, source) + [""]
+        out += durability(durable.parent, source) + [""]
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]

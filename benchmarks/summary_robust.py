@@ -71,22 +71,7 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
         rows.append(f"| {m} | " + " | ".join(cells) + " |")
     rows += _quality(attack)
     if "reinit" in attack:
-        r = attack["reinit"]
-        last = r["history"][-1]
-        seen = r.get("train_tokens_distinct")
-        distinct = f", {seen:,} distinct tokens of {r['settings']['corpus']}" if seen else ""
-        text = (
-            f"Re-initialising lm_head and retraining only it ({last['step']} steps, {last['tokens']:,} tokens"
-            f"{distinct}): held-out perplexity {r['baseline_ppl']:.1f} with the watermarked head, "
-            f"{r['history'][0]['ppl']:,.0f} right after re-initialisation, {last['ppl']:.1f} after training"
-        )
-        if "plateau_step" in r:
-            gain = r["last_interval_gain"]
-            text += (
-                f" ({r['final_over_baseline']:.2f}x the watermarked model's; within {r['plateau_tolerance']:.0%} of "
-                f"that from step {r['plateau_step']:,}; the last interval still gained {gain:.1%})"
-            )
-        rows += ["", text + "."]
+        rows += reinit_line(attack["reinit"])
     if "inversion" in attack:
         conditions = "; ".join(
             f"{c['condition'].lower()}: ARI {c['ari']:.2f}, NMI {c['nmi']:.2f}"
@@ -94,6 +79,25 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
         )
         rows += ["", f"Rebuilding the selector S without the owner's corpus or seed: {conditions}."]
     return rows
+
+
+def reinit_line(r: dict) -> list[str]:
+    """The head re-training attack in one sentence: perplexity before, right after re-initialisation, after."""
+    last = r["history"][-1]
+    seen = r.get("train_tokens_distinct")
+    distinct = f", {seen:,} distinct tokens of {r['settings']['corpus']}" if seen else ""
+    text = (
+        f"Re-initialising lm_head and retraining only it ({last['step']} steps, {last['tokens']:,} tokens"
+        f"{distinct}): held-out perplexity {r['baseline_ppl']:.1f} with the watermarked head, "
+        f"{r['history'][0]['ppl']:,.0f} right after re-initialisation, {last['ppl']:.1f} after training"
+    )
+    if "plateau_step" in r:
+        gain = r["last_interval_gain"]
+        text += (
+            f" ({r['final_over_baseline']:.2f}x the watermarked model's; within {r['plateau_tolerance']:.0%} of "
+            f"that from step {r['plateau_step']:,}; the last interval still gained {gain:.1%})"
+        )
+    return ["", text + "."]
 
 
 def _weight_attack_columns(attack: dict) -> list[tuple[str, object, dict]]:
@@ -153,3 +157,95 @@ def _quality(attack: dict) -> list[str]:
         + tail
         + ".",
     ]
+
+
+def durability(folder: Path, source: str) -> list[str]:
+    """One long table of every attack setting under ``folder/attacks`` (a row each), methods side by side.
+
+    Rows are grouped by the attack recorded in each results.json (not by file name), so several
+    runs of one attack (merge with the base and with a fine-tune; pruning with and without
+    lm_head) each add their settings. A cell is TPR@1%FPR, with the mean detector score in
+    brackets, then the attacked model's own held-out perplexity where the attack measured it.
+    """
+    attack = {f.stem: json.loads(f.read_text()) for f in sorted((folder / "attacks").glob("*.json"))}
+    if not attack:
+        return []
+    rows: list[tuple[str, str, object, dict]] = []  # (attack, setting, n, {method: (tpr, score, ppl)})
+
+    def cell(s: dict, key: str = "tpr_at_1pct_fpr") -> tuple:
+        score, ppl = s.get("mean_score") or {}, s.get("ppl") or {}
+        return s[key]["mean"], score.get("mean"), ppl.get("mean")
+
+    order = ("edit", "quantize", "merge", "prune", "instruct")
+    results = sorted((r for r in attack.values() if r.get("attack") in order), key=lambda r: order.index(r["attack"]))
+    unattacked = [  # the unattacked releases as the attacks that measure perplexity recorded them
+        s
+        for r in results
+        if r["attack"] in ("merge", "prune")
+        for s in r["summary"]
+        if not s.get("t", s.get("sparsity"))
+    ]
+    none = {s["method"]: cell(s) for s in unattacked}
+    for r in results:
+        kind, summary, n = r["attack"], r.get("summary", []), r.get("n")
+        if kind == "edit":
+            n = n or json.loads((folder / "results.json").read_text())["config"]["n"]
+            none = none or {s["method"]: cell(s, "tpr_at_1pct_fpr_before") for s in summary}
+            e = r["settings"]
+            setting = f"{e['delete']:.0%} of tokens deleted, {e['substitute']:.0%} substituted"
+            rows.append(("edit", setting, n, {s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in summary}))
+        elif kind == "quantize":
+            how = r.get("quantization", {})
+            for label in dict.fromkeys(s["scheme"] for s in summary if s["scheme"] != "unquantized"):
+                info = how.get(label, {})
+                head = "lm_head quantized" if info.get("head_quantized") else "float lm_head"
+                setting = f"{label.split('+')[0].upper()} ({info.get('backend', 'simulated')}, {head})"
+                rows.append(("quantize", setting, n, {s["method"]: cell(s) for s in summary if s["scheme"] == label}))
+        elif kind == "merge":
+            other = "the base" if r["settings"].get("with_model") is None else f"a fine-tune ({r['with_model']})"
+            for how in dict.fromkeys(s["merge"] for s in summary):
+                for t in sorted({s["t"] for s in summary if s["merge"] == how and s["t"] > 0}):
+                    extra = f", density {r['settings']['density']:g}" if how in ("ties", "dare_ties") else ""
+                    values = {s["method"]: cell(s) for s in summary if s["merge"] == how and s["t"] == t}
+                    rows.append((f"merge with {other}", f"{how}, t {t:g}{extra}", n, values))
+        elif kind == "prune":
+            head = ", lm_head too" if r["settings"].get("include_head") else ""
+            for sparsity in sorted({s["sparsity"] for s in summary if s["sparsity"] > 0}):
+                values = {s["method"]: cell(s) for s in summary if s["sparsity"] == sparsity}
+                rows.append(("prune", f"{r['settings']['pruner']} {sparsity:.0%}{head}", n, values))
+        elif kind == "instruct":
+            mode = r["settings"]["mode"]
+            for step in sorted({s["step"] for s in summary if s["step"] > 0}):
+                values = {s["method"]: cell(s) for s in summary if s["step"] == step}
+                rows.append(("instruction tuning", f"{mode}, step {step}", n, values))
+    n = next((r["n"] for r in results if r.get("n")), None)
+    rows.insert(0, ("none", "the releases", n, none))
+    methods = list(dict.fromkeys(m for *_, values in rows for m in values))
+    out = [
+        f"Robustness ({source}): one row per attack setting; each cell is TPR@1%FPR against the eval's human "
+        "continuations, [the mean detector score], and the attacked model's own held-out perplexity where the "
+        "attack measures it ('-' where it does not: quantization, editing and instruction tuning). With n "
+        "negatives below 100 the 1% threshold is the largest human score, so TPR is resolution-limited to 1/n; "
+        "the mean score shows a weakening that a saturated TPR cannot.",
+        "",
+        "| attack | setting | n | " + " | ".join(f"{m}: TPR [score] | {m}: ppl" for m in methods) + " |",
+        "|---|---|---:|" + "---:|---:|" * len(methods),
+    ]
+    for kind, setting, n, values in rows:
+        cells = []
+        for m in methods:
+            tpr, score, ppl = values.get(m, (None, None, None))
+            text = "-" if tpr is None else f"{tpr:.3f}" + ("" if score is None else f" [{score:.3f}]")
+            cells += [text, "-" if ppl is None else f"{ppl:.1f}"]
+        out.append(f"| {kind} | {setting} | {n} | " + " | ".join(cells) + " |")
+    others = {  # the merges' other endpoint (t 1)
+        ("the base" if r["settings"].get("with_model") is None else r["with_model"]): r["with_model_ppl"]
+        for r in results
+        if r["attack"] == "merge" and r.get("with_model_ppl")
+    }
+    if others:
+        parts = "; ".join(f"{name} {ppl:.1f}" for name, ppl in others.items())
+        out += ["", f"Held-out perplexity of the models merged in (t 1): {parts}."]
+    if "reinit" in attack:
+        out += reinit_line(attack["reinit"])
+    return out
