@@ -244,6 +244,10 @@ class EvalConfig:
     lengths: tuple[int, ...] = option(
         (16, 32, 64, 128), "completions also scored cut to these token counts (detection against length); () skips"
     )
+    downstream: tuple[str, ...] = option(
+        (), "lm-eval tasks each model is scored on: 'local' (built from the prompt corpora's held-out halves) or names"
+    )
+    downstream_limit: int = option(200, "items per downstream task")
     oracle: str = option("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
     batch_size: int = option(32, "generation batch")
     score_batch_size: int = option(16, "detection batch")
@@ -255,6 +259,7 @@ class EvalConfig:
         check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature >= 0 and top_p in (0, 1]")
         check(len(self.seeds) >= 1, "need at least one seed")
         check(all(n >= 1 for n in self.lengths), "lengths must be token counts >= 1")
+        check(self.downstream_limit >= 2, "downstream_limit must be >= 2")
         check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
@@ -264,11 +269,11 @@ class EvalConfig:
     def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
         _reject_unknown(cls, data, "eval config")
         data = dict(data)
-        for name in ("methods", "seeds", "lengths"):
+        for name in ("methods", "seeds", "lengths", "downstream"):
             if name in data and isinstance(data[name], str):
                 data[name] = [v.strip() for v in data[name].split(",") if v.strip()]
             if name in data:
-                data[name] = tuple(v if name == "methods" else int(v) for v in data[name])
+                data[name] = tuple(int(v) if name in ("seeds", "lengths") else v for v in data[name])
         return cls(**data)
 
     @classmethod

@@ -39,6 +39,8 @@ METRICS = _registry(
     Metric("auroc_vs_unwatermarked", "AUROC vs unwm.", "auroc(watermarked, unwatermarked)", True),
     Metric("own_ppl", "own PPL", "own_perplexity(model, human continuations)", False, 1),
     Metric("own_ppl_change", "own PPL change", "own_ppl / original model's own_ppl - 1", False, 3),
+    Metric("downstream_acc", "downstream acc", "mean lm-eval accuracy over EvalConfig.downstream's tasks", True),
+    Metric("downstream_change", "downstream change", "downstream_acc - the original model's, same items", True),
     Metric("ppl_mean", "PPL mean", "mean oracle perplexity of the completions", False, 1),
     Metric("ppl_median", "PPL median", "median oracle perplexity of the completions", False, 1),
     Metric("ppl_ratio_median", "PPL ratio", "median of oracle PPL / unwatermarked PPL, same prompt", False),

@@ -12,6 +12,7 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
       scores/lengths/<run>.json   the same on watermarked and human text cut to each of cfg.lengths
       ppl/<set>.json              oracle perplexities
       own_ppl/<set>.json          the generating model's own NLL on the human continuations
+      downstream/<set>.json       its per-item accuracy on the lm-eval tasks of cfg.downstream
       results.json, samples.jsonl, report.md, *.png
 """
 
@@ -54,6 +55,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
     prompts = [w["prompt"] for w in windows]
     score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
+    score_downstream(out, "original", model, tokenizer, None, cfg)
     runs = []
     for seed in cfg.seeds:
         generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
@@ -79,6 +81,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
                         choice,
                     )
                     score_own_ppl(out, gen_name, model, tokenizer, windows, variant.logits_processor(), cfg, progress)
+                    score_downstream(out, gen_name, model, tokenizer, variant.logits_processor(), cfg)
                 finally:
                     if variant.carrier is Carrier.WEIGHTS:
                         variant.revert(model)
@@ -245,6 +248,28 @@ def _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed) -> None
         n = len(prompts[s : s + cfg.batch_size])
         atomic_write_json(directory / f"b{b:04d}.json", ids[:n])
         ids = ids[n:]
+
+
+def score_downstream(out, name, model, tokenizer, processor, cfg) -> None:
+    """Per-item accuracy on cfg.downstream's lm-eval tasks of the model as it generates now (cached per set)."""
+    if not cfg.downstream:
+        return
+    from openstamp.evaluation.downstream import accuracy, build_local_tasks, processed_logits, task_names
+
+    path = out / "downstream" / f"{name.replace('/', '_')}.json"
+    if path.exists():
+        return
+    task_dir = out / "downstream" / "tasks"
+    if not (task_dir / "done").exists():
+        task_dir.mkdir(parents=True, exist_ok=True)
+        build_local_tasks(task_dir, cfg.corpus, cfg.downstream_limit)
+        (task_dir / "done").touch()
+    log.info("downstream accuracy of %s", name)
+    with processed_logits(model, processor):
+        acc = accuracy(
+            model, tokenizer, task_names(cfg.downstream), task_dir, cfg.downstream_limit, cfg.score_batch_size
+        )
+    atomic_write_json(path, acc)
 
 
 def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress) -> None:

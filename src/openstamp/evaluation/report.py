@@ -96,6 +96,29 @@ def ci_table(results: dict) -> list[str]:
     return rows
 
 
+def downstream_table(results: dict) -> list[str]:
+    """Each run's lm-eval accuracy per task, and its paired change against the original model [95% CI]."""
+    original = results.get("downstream_original")
+    if not original:
+        return []
+    tasks = list(original)
+    lines = [
+        "| run | " + " | ".join(tasks) + " |",
+        "|---|" + "---:|" * len(tasks),
+        "| original model | " + " | ".join(f"{original[t]:.3f}" for t in tasks) + " |",
+    ]
+    for r in results["runs"]:
+        per_task = r["metrics"].get("downstream", {})
+        cells = []
+        for t in tasks:
+            d = per_task.get(t)
+            ci = "" if d is None else f"{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}"
+            cells.append("-" if d is None else f"{d['acc']:.3f} ({d['change']:+.3f} [{ci}])")
+        lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
+    n = next((d["n"] for r in results["runs"] for d in r["metrics"].get("downstream", {}).values()), None)
+    return [f"Accuracy (change against the original model on the same {n} items per task [paired 95% CI]).", ""] + lines
+
+
 def length_table(results: dict) -> list[str]:
     """TPR@1%FPR (and the share flagged at p <= 0.01) of each method and strength at each length."""
     rows = results.get("length_curve") or []
@@ -146,6 +169,11 @@ def write_report(out: Path) -> Path:
         *reference_table(results),
         "",
         *(["## Detection against length", "", *length_table(results), ""] if results.get("length_curve") else []),
+        *(
+            ["## Downstream accuracy (lm-eval)", "", *downstream_table(results), ""]
+            if downstream_table(results)
+            else []
+        ),
         "## Per run, with bootstrap confidence intervals",
         "",
         *ci_table(results),

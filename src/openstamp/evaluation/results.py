@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.config import EvalConfig
+from openstamp.evaluation.downstream import change as downstream_change
 from openstamp.evaluation.lengths import mean_curve, run_curve
 from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr
 from openstamp.evaluation.own_ppl import change, perplexity
@@ -85,6 +86,18 @@ def own_ppl_metrics(nll: list[float] | None, original: list[float] | None) -> di
     return out
 
 
+def downstream_metrics(acc: dict | None, original: dict | None) -> dict:
+    """Per task: accuracy and its paired change against the original model; their means over the tasks."""
+    if not acc or not original:
+        return {}
+    per_task = {task: downstream_change(values, original[task]) for task, values in acc.items()}
+    return {
+        "downstream": per_task,
+        "downstream_acc": float(np.mean([t["acc"] for t in per_task.values()])),
+        "downstream_change": float(np.mean([t["change"] for t in per_task.values()])),
+    }
+
+
 def _mean_sd(values: list[float]) -> dict:
     arr = np.array([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
     if len(arr) == 0:
@@ -103,7 +116,12 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         path = out / "own_ppl" / f"{_name(name)}.json"
         return read_json(path, "own perplexity cache") if path.exists() else None
 
+    def downstream_of(name):
+        path = out / "downstream" / f"{_name(name)}.json"
+        return read_json(path, "downstream accuracy cache") if path.exists() else None
+
     original = own_nll("original")
+    original_downstream = downstream_of("original")
     per_run = []
     for r in runs:
         scores = read_json(out / "scores" / f"{_name(r['run'])}.json", "score cache")
@@ -112,6 +130,7 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
             **detection_metrics(scores),
             **quality_metrics(ppl_of(r["generations"]), reference, load_generations(out, r["generations"])),
             **own_ppl_metrics(own_nll(r["generations"]), original),
+            **downstream_metrics(downstream_of(r["generations"]), original_downstream),
         }
         length_curve = run_curve(out, r["run"], scores, cfg.new_tokens)
         per_run.append({**r, "metrics": metrics, **({"length_curve": length_curve} if length_curve else {})})
@@ -140,6 +159,7 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         "runs": per_run,
         "summary": summary,
         "length_curve": mean_curve(per_run),
+        "downstream_original": {t: float(np.mean(a)) for t, a in (original_downstream or {}).items()},
         "references": references,
     }
 
