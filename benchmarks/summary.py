@@ -334,8 +334,10 @@ def render() -> str:
         cfg = json.loads(durable.read_text())["config"]
         source = (
             f"`bash benchmarks/reference_runs.sh durability`: the current re-tied releases, {cfg['n']} prompts, "
-            f"{cfg['new_tokens']} new tokens; quantizers on their real libraries, labelled by backend in "
-            "`benchmarks/results/durability/attacks/quant.json`"
+            f"{cfg['new_tokens']} new tokens; each quantizer's backend (its real library, or simulated) is named "
+            "in its row; the fine-tune merged in is the base fully instruction-tuned for 100 steps by "
+            "`benchmarks/base_finetune.py`; "
+            "plots of TPR and perplexity against t and sparsity in `benchmarks/results/durability/attacks/`"
         )
         out += durability(durable.parent, source) + [""]
     cal = RESULTS / "calibration" / "calibration.json"
