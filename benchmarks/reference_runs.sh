@@ -30,6 +30,15 @@ tune() {
 json.dump({'command': 'openstamp tune (benchmarks/reference_runs.sh tune)', 'versions': m['versions'], \
 'key_id': m['key_id'], **m['tune']}, open('benchmarks/results/tune.json', 'w'), indent=2)"
 }
+cost() {
+  # what each strength of OpenStamp costs and buys on the packaged model: TPR at 16, 32 and 64 tokens, its own
+  # perplexity on human text, and lm-eval accuracy on the local tasks, against the original model
+  local C=runs/eval-cost
+  $OPENSTAMP eval --model smollm2-135m --methods openstamp --sweep --set 'grids={"openstamp": [0.25, 0.5, 0.75, 1.0]}' \
+    --n 32 --new-tokens 64 --oracle none --set downstream=local --set downstream_limit=100 --set lengths=16,32 --out $C
+  mkdir -p benchmarks/results/cost
+  cp $C/results.json $C/report.md $C/*.png benchmarks/results/cost/
+}
 edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
 quantize() { $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --out runs/quant; }
 quantize_head() {
@@ -108,7 +117,7 @@ keep() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval tune edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from summary_cost import tune
+from summary_cost import strength_sweep, tune
 from summary_robust import durability, robustness
 from summary_trust import fpr_per_key, tail_check
 
@@ -343,6 +343,9 @@ def render() -> str:
     cal = RESULTS / "calibration" / "calibration.json"
     if cal.exists():
         out += calibration(json.loads(cal.read_text())) + [""]
+    cost = RESULTS / "cost" / "results.json"
+    if cost.exists():
+        out += strength_sweep(json.loads(cost.read_text())) + [""]
     for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key), ("tail_check", tail_check)):
         result = load(name)
         if result is not None:

@@ -31,3 +31,44 @@ def tune(r: dict) -> list[str]:
         + ("met." if r["reached"] and r["own_ppl_change"] <= 0.10 else "**not met** by this release."),
     ]
     return rows
+
+
+def strength_sweep(r: dict) -> list[str]:
+    """One row per strength: TPR at each length, the share flagged at p <= 0.01, own perplexity, downstream."""
+    c = r["config"]
+    curve = r.get("length_curve", [])
+    tokens = sorted({row["tokens"] for row in curve})
+    tasks = list(r.get("downstream_original", {}))
+    original = r["references"]["human"].get("own_ppl_original")
+    grid = ", ".join(f"{g:g}" for g in c["grids"].get("openstamp", []))
+    rows = [
+        f"What a strength costs and buys (`bash benchmarks/reference_runs.sh cost`, i.e. `openstamp eval --methods "
+        f"{','.join(c['methods'])} --sweep` over delta {grid}): "
+        f"{c['n']} held-out prompts of {c['prompt_tokens']} tokens, {c['new_tokens']} new tokens, each completion "
+        "also cut to fewer tokens and scored against human text cut alike (TPR@1%FPR; with fewer than 100 human "
+        "texts the threshold is the largest human score). The share flagged at p <= 0.01 needs no human text. "
+        f"Costs: the model's own perplexity on the human continuations ({original:.2f} unwatermarked) and lm-eval "
+        f"accuracy on the local tasks ({c['downstream_limit']} items each; the original model: "
+        + ", ".join(f"{t} {a:.3f}" for t, a in r.get("downstream_original", {}).items())
+        + "), as the paired change [95% CI].",
+        "",
+        "| delta | "
+        + " | ".join(f"TPR {t} tok" for t in tokens)
+        + f" | flagged p<=0.01 at {tokens[-1] if tokens else '-'} tok | own PPL change | "
+        + " | ".join(f"{t} change" for t in tasks)
+        + " |",
+        "|---:|" + "---:|" * (len(tokens) + 2 + len(tasks)),
+    ]
+    for run in r["runs"]:
+        at = {row["tokens"]: row for row in run.get("length_curve", [])}
+        m = run["metrics"]
+        cells = [f"{at[t]['tpr_at_1pct_fpr']:.3f}" if t in at else "-" for t in tokens]
+        last = at.get(tokens[-1]) if tokens else None
+        cells.append("-" if not last or last["flagged_at_p_0.01"] is None else f"{last['flagged_at_p_0.01']:.3f}")
+        lo, hi = m["own_ppl_change_ci"]
+        cells.append(f"{m['own_ppl_change']:+.1%} [{lo:+.1%}, {hi:+.1%}]")
+        for t in tasks:
+            d = m.get("downstream", {}).get(t)
+            cells.append("-" if d is None else f"{d['change']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
+        rows.append(f"| {run['strength']:g} | " + " | ".join(cells) + " |")
+    return rows

@@ -217,3 +217,38 @@ def test_a_run_written_before_a_new_setting_still_resumes(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["lengths"] == list(cfg.lengths)
     with pytest.raises(ValueError, match="different settings"):
         pipeline._check_config(EvalConfig(lengths=(32,)), tmp_path)
+
+
+def test_a_killed_sweep_resumes_where_it_stopped(model_dir, corpus_file, tmp_path):
+    """SIGKILL a real `openstamp eval --sweep` process mid-run; the rerun keeps every file it finished."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none", sweep=True, lengths=(16,))
+    cfg_file = tmp_path / "sweep.json"
+    settings = cfg.to_dict()
+    settings["grids"] = {"openstamp-nosem": [1.0, 2.0, 3.0]}
+    cfg_file.write_text(json.dumps(settings))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "openstamp.cli", "eval", "--config", str(cfg_file), "--out", str(out), "--quiet"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (out / "scores" / "openstamp-nosem@1_s0.json").exists():
+            assert process.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.2)
+        assert (out / "scores" / "openstamp-nosem@1_s0.json").exists(), "the first strength never finished"
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    assert not (out / "results.json").exists()
+    for path in out.rglob("*.json"):  # atomic writes: nothing half-written survives the kill
+        json.loads(path.read_text())
+    before = {p: p.read_bytes() for p in (out / "generations").rglob("b*.json")}
+    resumed = pipeline.run_eval(EvalConfig.from_file(str(cfg_file)), out, progress=False)
+    assert sorted(r["strength"] for r in resumed["runs"]) == [1.0, 2.0, 3.0]
+    assert all(p.read_bytes() == data for p, data in before.items())  # nothing finished was regenerated
+    assert len(list((out / "generations").rglob("b*.json"))) == 4 * 2  # unwatermarked + 3 strengths, 2 batches
