@@ -186,3 +186,41 @@ def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_
     results = run_finetune(tmp_path / "eval", tmp_path / "ft", attack, progress=False)
     assert results["skipped"] == []
     assert {(r["method"], r["step"]) for r in results["runs"]} == {("kgw-distilled", 0), ("kgw-distilled", 2)}
+
+
+def test_a_sweep_distils_one_key_per_delta_and_attacks_find_each(model_dir, corpus_file, tmp_path):
+    """A key trained at its strength: the eval builds one per delta of the grid; no run reuses another's."""
+    from safetensors.torch import load_file
+
+    from openstamp.attacks.common import load_method, open_eval
+    from openstamp.config import EvalConfig
+    from openstamp.evaluation.pipeline import run_eval
+
+    cfg = EvalConfig.from_dict(
+        {
+            "model": str(model_dir),
+            "methods": ["kgw-distilled"],
+            "corpus": str(corpus_file),
+            "key_corpus": str(corpus_file),
+            "n": 4,
+            "prompt_tokens": 8,
+            "new_tokens": 32,
+            "batch_size": 4,
+            "score_batch_size": 4,
+            "oracle": "none",
+            "lengths": [],
+            "sweep": True,
+            "grids": {"kgw-distilled": [2.0, 3.0]},
+            "method_settings": {"kgw-distilled": {"delta": 3.0, **TINY_BUDGET, "steps": 20}},
+        }
+    )
+    results = run_eval(cfg, tmp_path, progress=False)
+    keys = {p.parent.parent.name: p for p in (tmp_path / "keys").glob("*/s0/key.safetensors")}
+    assert set(keys) == {"kgw-distilled", "kgw-distilled@2"}  # the default delta (3) keeps the plain name
+    trained = {name: float(load_file(path)["trained_delta"][0]) for name, path in keys.items()}
+    assert trained == {"kgw-distilled": 3.0, "kgw-distilled@2": 2.0}
+    assert sorted(r["strength"] for r in results["runs"]) == [2.0, 3.0]
+    ev = open_eval(tmp_path)
+    base = load_model(str(model_dir))[0]
+    for run in ev.runs:
+        assert load_method(ev, run, base).trained_delta == run["strength"]

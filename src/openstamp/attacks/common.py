@@ -26,6 +26,7 @@ import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import EvalConfig
+from openstamp.evaluation.pipeline import configured, key_directory
 from openstamp.evaluation.results import detection_metrics, load_generations
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import atomic_write_json, read_json
@@ -110,11 +111,10 @@ def load_method(ev: EvalRun, run: dict, base: PreTrainedModel) -> WatermarkMetho
     name = run["method"]
     if name not in REGISTRY:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(REGISTRY))}")
-    directory = ev.path / "keys" / name / f"s{run['seed']}"
+    directory = key_directory(ev.path, ev.cfg, name, run["seed"], run["strength"])
     if not (directory / "done").exists():
         raise FileNotFoundError(f"the {name} key for seed {run['seed']} is missing from {directory}")
-    cls = REGISTRY[name]
-    method = cls(cls.config_class(**ev.cfg.method_settings.get(name, {})))
+    method = configured(name, ev.cfg)
     method.load(directory)
     method = method.with_strength(run["strength"])
     if method.carrier is Carrier.WEIGHTS:

@@ -60,9 +60,13 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     for seed in cfg.seeds:
         generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
         for name in cfg.methods:
-            method = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
-            for strength in strengths(cfg, method):
-                variant = method.with_strength(strength)
+            method = None
+            for strength in strengths(cfg, name):
+                if REGISTRY[name].key_per_strength:  # a key trained at its strength: one key each
+                    variant = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs, strength)
+                else:
+                    method = method or keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
+                    variant = method.with_strength(strength)
                 run = f"{name}@{strength:g}/s{seed}"
                 gen_name = generation_name(variant, strength, seed)
                 if variant.carrier is Carrier.WEIGHTS:
@@ -162,17 +166,33 @@ def _interleave(groups: list[list]) -> list[list]:
     return [[g[i] for g in groups if i < len(g)] for i in range(longest)]
 
 
-def keyed_method(out: Path, name: str, seed: int, cfg: EvalConfig, model, tokenizer, docs) -> WatermarkMethod:
-    """Build a method's key for this seed, or load it from the run directory."""
+def configured(name: str, cfg: EvalConfig, strength: float | None = None) -> WatermarkMethod:
+    """A method without its key, with the run's settings (and ``strength``, if given)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(REGISTRY))}")
     cls = REGISTRY[name]
-    method = cls(cls.config_class(**cfg.method_settings.get(name, {})))
-    directory = out / "keys" / name / f"s{seed}"
+    settings = dict(cfg.method_settings.get(name, {}))
+    if strength is not None:
+        settings[cls.strength] = strength
+    return cls(cls.config_class(**settings))
+
+
+def key_directory(out: Path, cfg: EvalConfig, name: str, seed: int, strength: float | None = None) -> Path:
+    """keys/<method>/s<seed>; a key trained at another strength than the default: keys/<method>@<strength>/s<seed>."""
+    other = (
+        strength is not None and REGISTRY[name].key_per_strength and strength != configured(name, cfg).strength_value
+    )
+    return out / "keys" / (f"{name}@{strength:g}" if other else name) / f"s{seed}"
+
+
+def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float | None = None) -> WatermarkMethod:
+    """Build a method's key for this seed (at ``strength`` for a key trained at one), or load it from the run."""
+    method = configured(name, cfg, strength)
+    directory = key_directory(out, cfg, name, seed, strength)
     if (directory / "done").exists():
         method.load(directory)
         return method
-    log.info("building the %s key for seed %d", name, seed)
+    log.info("building the %s key for seed %d (%s)", name, seed, directory.parent.name)
     method.build(model, tokenizer, docs, seed)
     directory.mkdir(parents=True, exist_ok=True)
     method.save(directory)
@@ -180,10 +200,11 @@ def keyed_method(out: Path, name: str, seed: int, cfg: EvalConfig, model, tokeni
     return method
 
 
-def strengths(cfg: EvalConfig, method: WatermarkMethod) -> list[float]:
+def strengths(cfg: EvalConfig, name: str) -> list[float]:
+    method = configured(name, cfg)
     if cfg.sweep:
-        return [float(v) for v in cfg.grids.get(method.name, method.sweep)]
-    return [float(cfg.strengths.get(method.name, method.strength_value))]
+        return [float(v) for v in cfg.grids.get(name, method.sweep)]
+    return [float(cfg.strengths.get(name, method.strength_value))]
 
 
 def generation_name(method: WatermarkMethod, strength: float, seed: int) -> str:

@@ -53,7 +53,8 @@ class WatermarkMethod(ABC):
     Subclasses set ``name``, ``config_class`` (a frozen dataclass whose fields carry help
     text), ``strength`` (the config field swept for the Pareto plot), ``sweep`` (its grid),
     ``key_fields`` (the attributes ``build``/``load`` set: the key) and, for a decode-time
-    method, ``carrier = Carrier.DECODER``.
+    method, ``carrier = Carrier.DECODER``. ``key_per_strength`` marks a key trained at its
+    strength (kgw-distilled): the eval then builds one key per strength instead of sharing one.
     """
 
     name: ClassVar[str]
@@ -62,6 +63,7 @@ class WatermarkMethod(ABC):
     sweep: ClassVar[tuple[float, ...]]
     key_fields: ClassVar[tuple[str, ...]]
     carrier: ClassVar[Carrier] = Carrier.WEIGHTS
+    key_per_strength: ClassVar[bool] = False
 
     def __init__(self, config: Any | None = None) -> None:
         self.config = config if config is not None else self.config_class()

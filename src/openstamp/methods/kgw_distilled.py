@@ -22,9 +22,9 @@ original model, ``delta [x_t in G(x_{t-1})] - log(1 + (e^delta - 1) p_base(G(x_{
 Strength. The weights are distilled at one ``delta`` (the key's ``trained_delta``).
 ``with_strength`` shares the key, and the clone scores with its own delta, but its ``apply``
 raises ValueError unless its delta equals ``trained_delta``: weights distilled at one delta are
-never passed off as another's. Another delta needs its own key (``method_settings`` in the eval),
-so the sweep holds the default alone; the paper's Pareto grid, delta in {1.0, 1.25, 1.5, 1.75, 2.0}
-(2.0 for every other table), is one eval run per delta.
+never passed off as another's. So the method declares ``key_per_strength``: the eval distils one
+key per delta of its sweep (keys/kgw-distilled@<delta>/s<seed>), over the paper's Pareto grid,
+delta in {1.0, 1.25, 1.5, 1.75, 2.0} (2.0 for every other table): five distillations per seed.
 
 Budget. Full fine-tuning with AdamW; one step is a teacher forward plus a student forward and
 backward on ``batch_size`` windows of ``seq_len`` tokens. Measured on the shared 2-core CPU
@@ -146,8 +146,9 @@ class KGWDistilled(WatermarkMethod):
     name = "kgw-distilled"
     config_class = KGWDistilledConfig
     strength = "delta"
-    sweep = (2.0,)  # one key per delta: another delta is another distillation (see the module docstring)
+    sweep = (1.0, 1.25, 1.5, 1.75, 2.0)  # the paper's grid; one distillation per delta
     key_fields = ("greens", "weights", "trained_delta")
+    key_per_strength = True
     carrier = Carrier.WEIGHTS
     greens: GreenLists
     weights: dict[str, torch.Tensor]  # parameter name -> the student's value (CPU)
