@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from openstamp.cli import durability  # noqa: F401  (registers merge, prune, instruct on attack_app)
+from openstamp.cli.analyze import analyze_app
 from openstamp.cli.attack import attack_app
 from openstamp.cli.audit import audit
 from openstamp.cli.calibrate import calibrate
@@ -35,6 +36,7 @@ app.command()(serve)
 app.command()(audit)
 app.add_typer(attack_app, name="attack")
 app.add_typer(export_app, name="export")
+app.add_typer(analyze_app, name="analyze")
 
 
 def main() -> None:

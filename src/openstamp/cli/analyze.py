@@ -1,0 +1,51 @@
+"""openstamp analyze ...: the paper's analyses of how a key behaves, with plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from openstamp.cli.common import ModelOption, console, friendly_errors, setup_logging
+
+analyze_app = typer.Typer(name="analyze", help="The paper's analyses of a key, with plots.", no_args_is_help=True)
+
+
+def _values(text: str, kind: type, name: str) -> tuple:
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--{name} takes comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"--{name} is empty")
+    return values
+
+
+@analyze_app.command()
+@friendly_errors
+def lists(
+    key: Path = typer.Option(..., "--key", "-k", help="a key directory: its secret, P, delta and S's settings"),
+    model: str = ModelOption,
+    corpus: str = typer.Option("wikipedia", help="corpus whose key half gives the hidden states"),
+    lists_: str = typer.Option("16,64,256,1024", "--lists", help="numbers of green lists L to refit S at"),
+    gammas: str = typer.Option("0.1,0.25,0.5", help="green fractions to draw G at"),
+    states: int = typer.Option(10000, help="hidden states sampled (S is fitted on the training documents' ones)"),
+    pairs: int = typer.Option(2000, help="random pairs of held-out states for the Jaccard similarity"),
+    out: Path = typer.Option(Path("runs/analysis/lists"), "--out", help="results.json and lists.png go here"),
+    quiet: bool = typer.Option(False, help="less output"),
+) -> None:
+    """Overlap of the most favoured tokens with the intended green list, and their variability, against L."""
+    from openstamp.analysis.lists import run_lists
+
+    setup_logging(quiet)
+    n_lists, fractions = _values(lists_, int, "lists"), _values(gammas, float, "gammas")
+    if min(n_lists) < 2 or not all(0 < g < 1 for g in fractions):
+        raise ValueError("need --lists >= 2 and --gammas in (0, 1)")
+    results = run_lists(model, key, corpus, n_lists, fractions, states, pairs, out, progress=not quiet)
+    for row in results["rows"]:
+        console.print(
+            f"L {row['lists']:>5} (asked {row['lists_requested']}), gamma {row['gamma']:<5g} overlap "
+            f"{row['overlap']:.3f}  Jaccard {row['jaccard']:.3f}  selector held-out accuracy "
+            f"{row['selector_heldout_accuracy']:.3f}"
+        )
+    console.print(f"written: {out / 'results.json'}, {out / 'lists.png'}")

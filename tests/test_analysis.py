@@ -1,0 +1,46 @@
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from openstamp.analysis.lists import green_size, jaccard, overlap, top_sets
+from openstamp.cli import app
+from openstamp.key.key import WatermarkKey
+
+
+def test_overlap_and_jaccard_on_states_that_select_one_list_each():
+    key = WatermarkKey(secret=b"s" * 32, selector=torch.eye(2), projection=None, gamma=0.25, delta=1.0, vocab_size=400)
+    hidden = torch.eye(2) * 5  # state i selects list i alone: dW h = 5 delta G[:, i]
+    top = top_sets(key, hidden)
+    sizes = key.green.sum(0)
+    assert green_size(key) == int(sizes.float().mean().round())
+    if sizes[0] == sizes[1] == green_size(key):  # the top-g set is exactly the list
+        assert overlap(key, hidden, top) == 1.0
+    g0, g1 = (
+        set(torch.nonzero(key.green[:, 0]).flatten().tolist()),
+        set(torch.nonzero(key.green[:, 1]).flatten().tolist()),
+    )
+    a, b = set(top[0].tolist()), set(top[1].tolist())
+    assert jaccard(key, top, pairs=10) == pytest.approx(len(a & b) / len(a | b))
+    assert len(a & b) / len(a | b) == pytest.approx(len(g0 & g1) / len(g0 | g1), abs=0.05)
+
+
+def test_analyze_lists_on_the_tiny_release(release, tiny_model_dir, corpus_file, tmp_path):
+    out = tmp_path / "lists"
+    args = ["analyze", "lists", "--key", str(release / "key"), "--model", str(tiny_model_dir), "--corpus",
+            str(corpus_file), "--lists", "2,6", "--gammas", "0.25,0.5", "--states", "256", "--pairs", "50",
+            "--out", str(out), "--quiet"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["lists_requested"], r["gamma"]) for r in rows] == [(2, 0.25), (2, 0.5), (6, 0.25), (6, 0.5)]
+    for r in rows:
+        assert r["gamma"] - 0.05 < r["overlap"] <= 1 and 0 < r["jaccard"] <= 1  # above chance: the offset is G S h
+    assert (out / "lists.png").exists()
+
+
+def test_analyze_lists_refuses_a_key_of_another_model(release, tmp_path):
+    result = CliRunner().invoke(app, ["analyze", "lists", "--key", str(release / "key"), "--model", "smollm2-135m",
+                                      "--out", str(tmp_path), "--quiet"])  # fmt: skip
+    assert result.exit_code == 2 and "was not built for" in result.output
