@@ -44,3 +44,24 @@ def test_analyze_lists_refuses_a_key_of_another_model(release, tmp_path):
     result = CliRunner().invoke(app, ["analyze", "lists", "--key", str(release / "key"), "--model", "smollm2-135m",
                                       "--out", str(tmp_path), "--quiet"])  # fmt: skip
     assert result.exit_code == 2 and "was not built for" in result.output
+
+
+def test_position_gap_is_the_mean_absolute_difference_per_position():
+    from openstamp.analysis.prompt import position_gap
+
+    first, gap = position_gap([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], [[0.0, 2.0, 1.0], [1.0, 1.0]])
+    assert first == 0 and gap.tolist() == [1.0, 0.5, 1.5]  # aligned at the end: position 0 has one text
+    first, gap = position_gap([[5.0, 1.0, 2.0]], [[1.0, 3.0]])  # the first token only scored with the prompt
+    assert first == 1 and gap.tolist() == [0.0, 1.0]
+
+
+def test_analyze_prompt_scores_each_completion_with_and_without_its_prompt(eval_dir, tmp_path):
+    out = tmp_path / "prompt"
+    result = CliRunner().invoke(app, ["analyze", "prompt", "--eval", str(eval_dir), "--n", "6", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {r["text"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert set(rows) == {"watermarked", "unwatermarked"} and (out / "prompt.png").exists()
+    for r in rows.values():
+        assert r["texts"] == 6 and all(g >= 0 for g in r["gap_by_position"])
+    for way in ("mean_score_with_prompt", "mean_score_without"):  # the watermark shows either way
+        assert rows["watermarked"][way] > rows["unwatermarked"][way]

@@ -144,12 +144,9 @@ def run_lists(
 
 def plot(rows: list[dict], path) -> None:
     """Overlap and Jaccard similarity against L, one line per gamma."""
-    import matplotlib
+    from openstamp.plots import new_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, axes = new_figure(9, 3.8, ncols=2)
     for gamma in dict.fromkeys(r["gamma"] for r in rows):
         at = [r for r in rows if r["gamma"] == gamma]
         for ax, key in zip(axes, ("overlap", "jaccard"), strict=True):
@@ -157,8 +154,4 @@ def plot(rows: list[dict], path) -> None:
     axes[0].set(xscale="log", xlabel="green lists L", ylabel="overlap with the intended list", title="alignment")
     axes[1].set(xscale="log", xlabel="green lists L", ylabel="mean Jaccard of top sets", title="variability")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)

@@ -16,6 +16,7 @@ import numpy as np
 
 from openstamp.attacks.common import EvalRun, by_method
 from openstamp.evaluation.metrics import METRICS
+from openstamp.plots import new_figure, save_figure  # noqa: F401  (the attacks import them from here)
 from openstamp.storage import atomic_write_json, atomic_write_text
 
 
@@ -37,27 +38,6 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric_from:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines
-
-
-def new_figure(width: float = 5.5, height: float = 4.2, ncols: int = 1):
-    """A figure and its axis (an array of ``ncols`` axes side by side when ncols > 1)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, ncols, figsize=(width, height))
-
-
-def save_figure(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
 
 
 def publish(

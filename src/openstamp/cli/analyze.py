@@ -49,3 +49,30 @@ def lists(
             f"{row['selector_heldout_accuracy']:.3f}"
         )
     console.print(f"written: {out / 'results.json'}, {out / 'lists.png'}")
+
+
+@analyze_app.command()
+@friendly_errors
+def prompt(
+    eval_dir: Path = typer.Option(..., "--eval", help="a finished `openstamp eval` run with an OpenStamp method"),
+    n: int | None = typer.Option(None, help="completions per run (default: all)"),
+    out: Path = typer.Option(Path("runs/analysis/prompt"), "--out", help="results.json and prompt.png go here"),
+    quiet: bool = typer.Option(False, help="less output"),
+) -> None:
+    """Score each OpenStamp completion with and without its prompt: how much detection needs the prompt."""
+    from openstamp.analysis.prompt import run_prompt
+
+    setup_logging(quiet)
+    if n is not None and n < 3:
+        raise ValueError("--n must be at least 3")
+    results = run_prompt(eval_dir, out, n)
+    for row in results["rows"]:
+        gap = row["gap_by_position"]
+        first = row["gap_first_position"] + 1
+        console.print(
+            f"{row['run']} {row['text']}: mean LLR {row['mean_score_with_prompt']:.3f} with the prompt, "
+            f"{row['mean_score_without']:.3f} without (correlation {row['correlation']:.3f}); flagged at p <= 0.01 "
+            f"{row['flagged_with_prompt']:.2f} / {row['flagged_without']:.2f}; "
+            f"per-token gap {gap[0]:.3f} at token {first}, {sum(gap[-10:]) / len(gap[-10:]):.3f} over the last 10"
+        )
+    console.print(f"written: {out / 'results.json'}, {out / 'prompt.png'}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.evaluation.metrics import METRICS
+from openstamp.plots import save_figure
 from openstamp.storage import atomic_write_text, read_json
 
 COLUMNS = [(m.label, m.name) for m in METRICS.values() if m.summary]
@@ -277,14 +278,7 @@ def _length_plot(rows: list[dict], path: Path) -> str:
 
 
 def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path.name
+    return save_figure(fig, path).name
 
 
 def qq_plot(p_values: np.ndarray, path: str | Path, title: str) -> Path:
