@@ -65,3 +65,32 @@ def test_analyze_prompt_scores_each_completion_with_and_without_its_prompt(eval_
         assert r["texts"] == 6 and all(g >= 0 for g in r["gap_by_position"])
     for way in ("mean_score_with_prompt", "mean_score_without"):  # the watermark shows either way
         assert rows["watermarked"][way] > rows["unwatermarked"][way]
+
+
+def test_text_llr_is_the_difference_of_mean_nlls():
+    from conftest import make_model
+
+    from openstamp.analysis.llr import text_llr
+    from openstamp.patch import head
+
+    model, marked = make_model(tied=False, vocab_size=64), make_model(tied=False, vocab_size=64)
+    with torch.no_grad():
+        head(marked).weight[5] += 1.0  # token 5 made likelier everywhere
+    texts = [[5, 5, 5, 5], [7, 8, 9, 10]]
+    llr = text_llr(marked, model, texts, prefix=[1])
+    ids = torch.tensor([[1] + t for t in texts])
+    with torch.no_grad():
+        lp = [m(ids).logits[:, :-1].log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0] for m in (marked, model)]
+    expected = (lp[0] - lp[1]).double().mean(1)
+    assert llr == pytest.approx(expected.tolist(), abs=1e-4) and llr[0] > 0
+
+
+def test_analyze_llr_rescores_the_weight_level_baseline(eval_dir, tmp_path):
+    out = tmp_path / "llr"
+    result = CliRunner().invoke(app, ["analyze", "llr", "--eval", str(eval_dir), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["unremovable"] and (out / "llr.png").exists()  # openstamp-nosem: LLR already
+    mean = rows[0]["mean_llr"]
+    assert mean["watermarked"] > mean["unwatermarked"] and mean["watermarked"] > mean["human"]
+    assert 0.0 <= rows[0]["llr"]["auroc"] <= 1.0 and rows[0]["native"]["auroc"] is not None

@@ -76,3 +76,30 @@ def prompt(
             f"per-token gap {gap[0]:.3f} at token {first}, {sum(gap[-10:]) / len(gap[-10:]):.3f} over the last 10"
         )
     console.print(f"written: {out / 'results.json'}, {out / 'prompt.png'}")
+
+
+@analyze_app.command()
+@friendly_errors
+def llr(
+    eval_dir: Path = typer.Option(..., "--eval", help="a finished `openstamp eval` run with a weight-level baseline"),
+    n: int | None = typer.Option(None, help="texts per set (default: all)"),
+    batch_size: int = typer.Option(8, help="texts per forward pass"),
+    out: Path = typer.Option(Path("runs/analysis/llr"), "--out", help="results.json and llr.png go here"),
+    quiet: bool = typer.Option(False, help="less output"),
+) -> None:
+    """Rescore the weight-level baselines (Unremovable, GaussMark, KGW-distilled) with the LLR detector."""
+    from openstamp.analysis.llr import run_llr
+
+    setup_logging(quiet)
+    if n is not None and n < 2:
+        raise ValueError("--n must be at least 2")
+    results = run_llr(eval_dir, out, n, batch_size, progress=not quiet)
+    for row in results["rows"]:
+        native, llr_ = row["native"], row["llr"]
+        console.print(
+            f"{row['run']} (n {row['texts']}): AUROC {native['auroc']:.3f} native, {llr_['auroc']:.3f} LLR; "
+            f"TPR@1%FPR {native['tpr_at_1pct_fpr']:.3f} native, {llr_['tpr_at_1pct_fpr']:.3f} LLR "
+            f"(against unwatermarked text {native['tpr_at_1pct_fpr_vs_unwatermarked']:.3f} / "
+            f"{llr_['tpr_at_1pct_fpr_vs_unwatermarked']:.3f})"
+        )
+    console.print(f"written: {out / 'results.json'}, {out / 'llr.png'}")
