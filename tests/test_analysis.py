@@ -94,3 +94,24 @@ def test_analyze_llr_rescores_the_weight_level_baseline(eval_dir, tmp_path):
     mean = rows[0]["mean_llr"]
     assert mean["watermarked"] > mean["unwatermarked"] and mean["watermarked"] > mean["human"]
     assert 0.0 <= rows[0]["llr"]["auroc"] <= 1.0 and rows[0]["native"]["auroc"] is not None
+
+
+def test_analyze_gamma_delta_on_the_tiny_key(release, tiny_model_dir, corpus_file, tmp_path):
+    out = tmp_path / "gd"
+    args = ["analyze", "gamma-delta", "--key", str(release / "key"), "--model", str(tiny_model_dir),
+            "--corpus", str(corpus_file), "--gammas", "0.25,0.5", "--deltas", "0.5,4", "--tokens", "24", "--n", "6",
+            "--prompt-tokens", "8", "--out", str(out), "--quiet"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    rows = {(r["gamma"], r["delta"]): r for r in results["rows"]}
+    assert set(rows) == {(0.25, 0.5), (0.25, 4.0), (0.5, 0.5), (0.5, 4.0)} and (out / "gamma_delta.png").exists()
+    for gamma in (0.25, 0.5):  # a stronger watermark costs more of the model's own perplexity
+        assert rows[(gamma, 4.0)]["own_ppl"] > rows[(gamma, 0.5)]["own_ppl"] > 0
+
+
+def test_analyze_gamma_delta_refuses_the_watermarked_model(release, tmp_path):
+    args = ["analyze", "gamma-delta", "--key", str(release / "key"), "--model", str(release / "model"),
+            "--out", str(tmp_path), "--quiet"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "original" in result.output

@@ -103,3 +103,39 @@ def llr(
             f"{llr_['tpr_at_1pct_fpr_vs_unwatermarked']:.3f})"
         )
     console.print(f"written: {out / 'results.json'}, {out / 'llr.png'}")
+
+
+@analyze_app.command("gamma-delta")
+@friendly_errors
+def gamma_delta(
+    key: Path = typer.Option(..., "--key", "-k", help="a key directory: its secret, P and S stay fixed"),
+    model: str = ModelOption,
+    corpus: str = typer.Option("wikipedia", help="corpus whose held-out half gives the prompts"),
+    gammas: str = typer.Option("0.1,0.25,0.5", help="green fractions"),
+    deltas: str = typer.Option("0.25,0.5,1,2", help="strengths"),
+    tokens: int = typer.Option(64, help="new tokens per text"),
+    fpr: float = typer.Option(0.01, help="flag at p-value <= this false-positive rate"),
+    n: int = typer.Option(32, help="held-out prompts per (gamma, delta)"),
+    prompt_tokens: int = typer.Option(50, help="tokens of each prompt (withheld from the detector)"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    out: Path = typer.Option(Path("runs/analysis/gamma-delta"), "--out", help="results.json and gamma_delta.png"),
+    quiet: bool = typer.Option(False, help="less output"),
+) -> None:
+    """Detection (TPR at p <= --fpr) and cost (own perplexity) over a grid of gamma and delta, one key."""
+    from openstamp.analysis.gamma_delta import run_gamma_delta
+    from openstamp.tune import TuneConfig
+
+    setup_logging(quiet)
+    fractions, strengths = _values(gammas, float, "gammas"), _values(deltas, float, "deltas")
+    if not all(0 < g < 1 for g in fractions) or min(strengths) <= 0:
+        raise ValueError("need --gammas in (0, 1) and --deltas > 0")
+    cfg = TuneConfig(tokens=tokens, fpr=fpr, n=n, prompt_tokens=prompt_tokens, seed=seed)
+    results = run_gamma_delta(model, key, corpus, fractions, strengths, cfg, out, progress=not quiet)
+    console.print(f"original model's own perplexity {results['own_ppl_original']:.2f}")
+    for row in results["rows"]:
+        low, high = row["tpr_ci"]
+        console.print(
+            f"gamma {row['gamma']:<5g} delta {row['delta']:<5g} TPR {row['tpr']:.3f} [{low:.2f}, {high:.2f}]  "
+            f"own perplexity {row['own_ppl']:.2f} ({100 * row['own_ppl_change']:+.1f}%)"
+        )
+    console.print(f"written: {out / 'results.json'}, {out / 'gamma_delta.png'}")
