@@ -60,12 +60,13 @@ def interleaved(fns: dict, repeats: int = 3) -> dict[str, float]:
 
 
 def write_result(name: str, data: dict) -> Path:
+    from openstamp.storage import atomic_write_text
     from openstamp.watermark import versions
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     data = {"benchmark": name, "versions": versions(), **data}
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")  # key order kept: summaries read it in order
     print(f"wrote {path}")
     return path
 

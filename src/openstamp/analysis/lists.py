@@ -96,6 +96,26 @@ def sweep(
     return rows
 
 
+def key_states(model, tokenizer, key: WatermarkKey, corpus: str, n_states: int, progress: bool = True):
+    """States of ``corpus`` (its key half) sampled as the key's were, split as S's were, projected by its P.
+
+    Returns (z_train, z_held, held_hidden, the key's SelectorConfig).
+    """
+    from openstamp.config import StatesConfig
+    from openstamp.corpus import load_documents, split_documents
+    from openstamp.hidden import collect_states
+    from openstamp.watermark import split_by_document
+
+    built = key.meta.get("config", {})  # the key's own settings: S's, and how its states were sampled
+    selector = SelectorConfig(**built.get("selector", {}))
+    sampling = StatesConfig(**{**built.get("states", {}), "n_states": n_states})
+    documents = split_documents(load_documents(corpus), "key")
+    states = collect_states(model, tokenizer, documents, sampling, progress)
+    train, held = split_by_document(states, selector.heldout_fraction, selector.seed)
+    z = states.hidden if key.projection is None else states.hidden @ key.projection.T
+    return z[train], z[held], states.hidden[held], selector
+
+
 def run_lists(
     model_spec: str, key_dir, corpus: str, lists, gammas, n_states: int, pairs: int, out, progress: bool = True
 ) -> dict:
@@ -105,32 +125,23 @@ def run_lists(
     """
     from pathlib import Path
 
-    from openstamp.config import StatesConfig
-    from openstamp.corpus import load_documents, split_documents
-    from openstamp.hidden import collect_states
     from openstamp.models import load_model
     from openstamp.storage import atomic_write_json
-    from openstamp.watermark import split_by_document, versions
+    from openstamp.watermark import versions
 
     out = Path(out)
     base = WatermarkKey.load(key_dir)
     model, tokenizer = load_model(model_spec)
     if base.vocab_size != model.get_output_embeddings().weight.shape[0] or base.hidden_size != model.config.hidden_size:
         raise ValueError(f"the key in {key_dir} was not built for {model_spec} (vocabulary or width differ)")
-    built = base.meta.get("config", {})  # the key's own settings: S's, and how its states were sampled
-    selector = SelectorConfig(**built.get("selector", {}))
-    sampling = StatesConfig(**{**built.get("states", {}), "n_states": n_states})
-    documents = split_documents(load_documents(corpus), "key")
-    states = collect_states(model, tokenizer, documents, sampling, progress)
-    train, held = split_by_document(states, selector.heldout_fraction, selector.seed)
-    z = states.hidden if base.projection is None else states.hidden @ base.projection.T
-    rows = sweep(z[train], z[held], states.hidden[held], base, tuple(lists), tuple(gammas), selector, pairs)
+    z_train, z_held, held_hidden, selector = key_states(model, tokenizer, base, corpus, n_states, progress)
+    rows = sweep(z_train, z_held, held_hidden, base, tuple(lists), tuple(gammas), selector, pairs)
     results = {
         "command": "openstamp analyze lists",
         "model": model_spec,
         "key_id": base.key_id,
         "corpus": corpus,
-        "states": {"train": len(train), "heldout": len(held)},
+        "states": {"train": len(z_train), "heldout": len(z_held)},
         "projection": base.projection is not None,
         "pairs": pairs,
         "rows": rows,

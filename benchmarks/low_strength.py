@@ -1,0 +1,102 @@
+"""What helps at low strength? Fewer green lists and a shrunk selector, at one delta, against the key.
+
+    python benchmarks/low_strength.py [--key runs/tune/key] [--delta 0.5] [--n 64] [--tokens 64]
+
+A weak watermark (delta where the model's own perplexity rises ~10%) is detected in only part
+of the 64-token texts. Two knobs of S might buy detection at the same cost:
+
+* fewer lists L: each list is chosen more often and more surely (selector accuracy rises);
+* selector shrinkage: ridge lambda = f * tr(Z^T Z) / d (f the fraction of the mean diagonal),
+  pulling S toward smaller, smoother selections before the rows are rescaled.
+
+For every variant S is refitted (k-means, ridge, rescaling, as key building does) on the same
+states, sampled as the key's were, with the key's secret, P, gamma and delta; then one probe
+(as ``openstamp tune`` runs) watermarks the model, samples one completion per held-out prompt,
+flags at p <= 0.01 and measures the own perplexity on the prompts' human continuations.
+Writes benchmarks/results/low_strength.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+
+from common import write_result
+
+from openstamp import load_documents, load_model, split_documents
+from openstamp.analysis.lists import key_states
+from openstamp.evaluation.own_ppl import perplexity, window_nll
+from openstamp.key.key import WatermarkKey
+from openstamp.key.selector import fit_selector
+from openstamp.patch import tied_head_mode
+from openstamp.text import bos_prefix
+from openstamp.tune import TuneConfig, heldout_pairs, probe
+
+VARIANTS = ((254, 0.0), (64, 0.0), (16, 0.0), (254, 0.1), (254, 1.0))  # (L, shrinkage f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--key", default="runs/tune/key", help="a key of --model (openstamp tune or embed)")
+    parser.add_argument("--corpus", default="wikipedia")
+    parser.add_argument("--delta", type=float, default=0.5)
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--states", type=int, default=24576)
+    args = parser.parse_args()
+    key = WatermarkKey.load(args.key)
+    model, tokenizer = load_model(args.model)
+    cfg = TuneConfig(tokens=args.tokens, n=args.n, fpr=0.01)
+    pairs = heldout_pairs(tokenizer, split_documents(load_documents(args.corpus), "heldout"), cfg)
+    bos = bos_prefix(tokenizer)
+    original = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
+    tied_head = "untie" if tied_head_mode(key) == "untie" else "retie"
+    z_train, z_held, _, selector = key_states(model, tokenizer, key, args.corpus, args.states)
+    scale = float((z_train.double() ** 2).sum(0).mean())  # tr(Z^T Z) / d
+    rows = []
+    for n_lists, shrink in (("key", None), *VARIANTS):
+        if shrink is None:
+            S, stats = key.selector, key.meta.get("stats", {}).get("selector", {})
+        else:
+            lam = max(shrink * scale, selector.ridge_lambda)
+            S, stats = fit_selector(z_train, z_held, dataclasses.replace(selector, n_lists=n_lists, ridge_lambda=lam))
+        variant = dataclasses.replace(key, selector=S, delta=args.delta, meta=copy.deepcopy(key.meta))
+        row = probe(model, tokenizer, variant, pairs, cfg, tied_head, progress=True)
+        row.update(
+            variant="the key's own S" if shrink is None else f"L {n_lists}, shrinkage {shrink:g}",
+            lists=int(S.shape[0]),
+            shrinkage=shrink,
+            selector_heldout_accuracy=stats.get("heldout_accuracy"),
+            own_ppl_change=row["own_ppl"] / original - 1,
+        )
+        rows.append(row)
+        print(f"{row['variant']:24s} TPR {row['tpr']:.3f}  own ppl {100 * row['own_ppl_change']:+.1f}%", flush=True)
+    write_result(
+        "low_strength",
+        {
+            "model": args.model,
+            "key": args.key,
+            "key_id": key.key_id,
+            "corpus": args.corpus,
+            "delta": args.delta,
+            "settings": dataclasses.asdict(cfg),
+            "states": {"train": len(z_train), "heldout": len(z_held)},
+            "shrinkage_scale": scale,
+            "own_ppl_original": original,
+            "rows": rows,
+        },
+    )
+    print(f"\ndelta {args.delta}, {args.tokens}-token texts, n {args.n}, flagged at p <= 0.01")
+    print(f"{'variant':26s}{'L':>5s}{'S held-out acc':>16s}{'TPR':>7s}{'95% CI':>15s}{'own ppl':>10s}")
+    for r in rows:
+        acc = r["selector_heldout_accuracy"]
+        acc_text = "-" if acc is None else f"{acc:.3f}"
+        low, high = r["tpr_ci"]
+        print(f"{r['variant']:26s}{r['lists']:5d}{acc_text:>16s}{r['tpr']:7.3f}    [{low:.2f}, {high:.2f}]"
+              f"{100 * r['own_ppl_change']:+9.1f}%")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
