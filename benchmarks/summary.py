@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
 from summary_robust import durability, robustness
 from summary_trust import fpr_per_key, tail_check
@@ -350,6 +351,7 @@ def render() -> str:
         result = load(name)
         if result is not None:
             out += render_section(result) + [""]
+    out += analyses(RESULTS)
     for name, render_section in (("serve_load", serve_load), ("serve_bad_inputs", serve_bad_inputs)):
         result = load(name)
         if result is not None:

@@ -50,7 +50,8 @@ def strength_sweep(r: dict) -> list[str]:
         f"Costs: the model's own perplexity on the human continuations ({original:.2f} unwatermarked) and lm-eval "
         f"accuracy on the local tasks ({c['downstream_limit']} items each; the original model: "
         + ", ".join(f"{t} {a:.3f}" for t, a in r.get("downstream_original", {}).items())
-        + "), as the paired change [95% CI].",
+        + "), as the paired change [95% CI]. A '-' marks a length the detector refuses: fewer scored tokens than "
+        "its `min_tokens` (16; the first token of a text without BOS is context, not scored).",
         "",
         "| delta | "
         + " | ".join(f"TPR {t} tok" for t in tokens)
@@ -62,9 +63,9 @@ def strength_sweep(r: dict) -> list[str]:
     for run in r["runs"]:
         at = {row["tokens"]: row for row in run.get("length_curve", [])}
         m = run["metrics"]
-        cells = [f"{at[t]['tpr_at_1pct_fpr']:.3f}" if t in at else "-" for t in tokens]
+        cells = [_cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens]
         last = at.get(tokens[-1]) if tokens else None
-        cells.append("-" if not last or last["flagged_at_p_0.01"] is None else f"{last['flagged_at_p_0.01']:.3f}")
+        cells.append(_cell((last or {}).get("flagged_at_p_0.01")))
         lo, hi = m["own_ppl_change_ci"]
         cells.append(f"{m['own_ppl_change']:+.1%} [{lo:+.1%}, {hi:+.1%}]")
         for t in tasks:
@@ -72,3 +73,8 @@ def strength_sweep(r: dict) -> list[str]:
             cells.append("-" if d is None else f"{d['change']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
         rows.append(f"| {run['strength']:g} | " + " | ".join(cells) + " |")
     return rows
+
+
+def _cell(value: float | None) -> str:
+    """A figure, or "-" where none was measured (the detector refuses texts below its min_tokens)."""
+    return "-" if value is None else f"{value:.3f}"
