@@ -39,6 +39,25 @@ cost() {
   mkdir -p benchmarks/results/cost
   cp $C/results.json $C/report.md $C/*.png benchmarks/results/cost/
 }
+analyses() {
+  # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
+  # prompt independence on the durability eval; the LLR detector on Unremovable and GaussMark (their own eval)
+  local K=runs/tune/key D=runs/eval-durability B=runs/eval-baselines A=runs/analysis
+  [ -f $K/key.json ] || tune
+  [ -f $D/results.json ] || $OPENSTAMP eval --model smollm2-135m --methods openstamp,unremovable --n 32 \
+    --new-tokens 100 --oracle none --out $D
+  [ -f $A/lists/results.json ] || $OPENSTAMP analyze lists --key $K --model smollm2-135m --out $A/lists
+  [ -f $A/prompt/results.json ] || $OPENSTAMP analyze prompt --eval $D --out $A/prompt
+  $OPENSTAMP eval --model smollm2-135m --methods unremovable,gaussmark --n 64 --new-tokens 64 --oracle none --out $B
+  [ -f $A/llr/results.json ] || $OPENSTAMP analyze llr --eval $B --out $A/llr
+  [ -f $A/gamma-delta/results.json ] || $OPENSTAMP analyze gamma-delta --key $K --model smollm2-135m \
+    --gammas 0.1,0.25,0.5 --deltas 0.25,0.5,1,2 --tokens 64 --n 32 --out $A/gamma-delta
+  [ -f benchmarks/results/low_strength.json ] || .venv/bin/python benchmarks/low_strength.py --key $K
+  for a in lists prompt llr gamma-delta; do
+    mkdir -p benchmarks/results/analysis/$a
+    cp $A/$a/results.json $A/$a/*.png benchmarks/results/analysis/$a/
+  done
+}
 edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
 quantize() { $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --out runs/quant; }
 quantize_head() {
@@ -117,7 +136,7 @@ keep() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost durability analyses edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run
