@@ -17,7 +17,8 @@ from openstamp.stats import threshold_at_fpr  # noqa: F401  (re-exported: TPR@FP
 
 @dataclass(frozen=True)
 class Metric:
-    """One reported number: ``summary`` puts it in the per-method table; ``attack`` in before/after tables."""
+    """One reported number: ``summary`` puts it in the per-method table; ``attack`` in before/after tables;
+    ``cost_axis`` makes it an x axis of the Pareto plot and comparison (a quality cost: higher is worse)."""
 
     name: str
     label: str
@@ -26,6 +27,7 @@ class Metric:
     digits: int = 3
     summary: bool = True
     attack: bool = False
+    cost_axis: bool = False
 
 
 def _registry(*metrics: Metric) -> dict[str, Metric]:
@@ -38,10 +40,10 @@ METRICS = _registry(
     Metric("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "tpr_at_fpr(watermarked, human, 0.001)", True),
     Metric("auroc_vs_unwatermarked", "AUROC vs unwm.", "auroc(watermarked, unwatermarked)", True),
     Metric("own_ppl", "own PPL", "own_perplexity(model, human continuations)", False, 1),
-    Metric("own_ppl_change", "own PPL change", "own_ppl / original model's own_ppl - 1", False, 3),
+    Metric("own_ppl_change", "own PPL change", "own_ppl / original model's own_ppl - 1", False, 3, cost_axis=True),
     Metric("downstream_acc", "downstream acc", "mean lm-eval accuracy over EvalConfig.downstream's tasks", True),
     Metric("downstream_change", "downstream change", "downstream_acc - the original model's, same items", True),
-    Metric("ppl_mean", "PPL mean", "mean oracle perplexity of the completions", False, 1),
+    Metric("ppl_mean", "PPL mean", "mean oracle perplexity of the completions", False, 1, cost_axis=True),
     Metric("ppl_median", "PPL median", "median oracle perplexity of the completions", False, 1),
     Metric("ppl_ratio_median", "PPL ratio", "median of oracle PPL / unwatermarked PPL, same prompt", False),
     Metric("seq_rep_3", "seq-rep-3", "seq_rep_n(completion, 3)", False),

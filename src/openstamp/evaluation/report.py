@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.evaluation.metrics import METRICS
+from openstamp.evaluation.pareto import COST_AXES, compare, points
 from openstamp.plots import save_figure
 from openstamp.storage import atomic_write_text, read_json
 
@@ -145,6 +146,34 @@ def length_table(results: dict) -> list[str]:
     return lines
 
 
+def pareto_table(results: dict) -> list[str]:
+    """For each OpenStamp strength, above / on / below each baseline's curve, on each cost axis (sweeps only)."""
+    summary, n = results["summary"], results["config"]["n"] * len(results["config"]["seeds"])
+    methods = list(dict.fromkeys(s["method"] for s in summary))
+    ours = [m for m in methods if m.startswith("openstamp")]
+    lines = []
+    for cost in COST_AXES:
+        for method in ours:
+            for baseline in (m for m in methods if m != method and len(points(summary, m, cost)) > 1):
+                cells = [
+                    f"{r['strength']:g}: {r['verdict']} ({r['tpr']:.3f}"
+                    + ("" if r["baseline_tpr"] is None else f" vs {r['baseline_tpr']:.3f}")
+                    + f" at {r['cost']:.3g})"
+                    for r in compare(summary, method, baseline, cost, n)
+                ]
+                lines.append(f"| {METRICS[cost].label} | {method} | {baseline} | " + "; ".join(cells) + " |")
+    if not lines:
+        return []
+    return [
+        "Each strength of an OpenStamp method against the baseline's curve of TPR@1%FPR over cost, interpolated "
+        "linearly between its strengths; 'on' within 1.96 binomial standard errors (see evaluation/pareto.py).",
+        "",
+        "| cost | method | baseline | strength: verdict (TPR vs the baseline's at that cost) |",
+        "|---|---|---|---|",
+        *lines,
+    ]
+
+
 def write_report(out: Path) -> Path:
     """Write report.md and its PNGs from ``out/results.json``."""
     results = read_json(out / "results.json", "results file")
@@ -170,6 +199,7 @@ def write_report(out: Path) -> Path:
         *reference_table(results),
         "",
         *(["## Detection against length", "", *length_table(results), ""] if results.get("length_curve") else []),
+        *(["## Against each baseline's curve", "", *pareto_table(results), ""] if pareto_table(results) else []),
         *(
             ["## Downstream accuracy (lm-eval)", "", *downstream_table(results), ""]
             if downstream_table(results)
@@ -237,20 +267,20 @@ def _plots(out: Path, results: dict) -> list[str]:
         ax.axis("off")
     fig.suptitle("detector scores")
     names.append(_save(fig, out / "scores_hist.png"))
-    if any(s["ppl_mean"]["mean"] is not None for s in results["summary"]):
-        fig, ax = plt.subplots(figsize=(5.5, 4.5))
-        for method in dict.fromkeys(s["method"] for s in results["summary"]):
-            pts = sorted(
-                (s["ppl_mean"]["mean"], s["tpr_at_1pct_fpr"]["mean"], s["strength"])
-                for s in results["summary"]
-                if s["method"] == method and s["ppl_mean"]["mean"]
-            )
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
-        unwm = results["references"].get(f"unwatermarked/s{results['config']['seeds'][0]}", {})
-        if "ppl_mean" in unwm:
-            ax.axvline(unwm["ppl_mean"], color="k", ls=":", lw=1, label="unwatermarked")
-        ax.set(xlabel="perplexity (mean, oracle)", ylabel="TPR @ 1% FPR", title="detectability vs quality")
-        ax.legend(fontsize=7)
+    axes_shown = [c for c in COST_AXES if any((s.get(c) or {}).get("mean") is not None for s in results["summary"])]
+    if axes_shown:
+        fig, axes = plt.subplots(1, len(axes_shown), figsize=(5.5 * len(axes_shown), 4.5), squeeze=False)
+        for ax, cost in zip(axes.flat, axes_shown, strict=True):
+            for method in dict.fromkeys(s["method"] for s in results["summary"]):
+                pts = points(results["summary"], method, cost)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
+            unwm = results["references"].get(f"unwatermarked/s{results['config']['seeds'][0]}", {})
+            if cost == "ppl_mean" and "ppl_mean" in unwm:
+                ax.axvline(unwm["ppl_mean"], color="k", ls=":", lw=1, label="unwatermarked")
+            ax.set(xlabel=f"{METRICS[cost].label}: {METRICS[cost].function}", ylabel="TPR @ 1% FPR")
+            ax.xaxis.label.set_fontsize(7)
+        axes.flat[0].legend(fontsize=7)
+        fig.suptitle("detectability against cost")
         names.append(_save(fig, out / "pareto.png"))
     if results.get("length_curve"):
         names.append(_length_plot(results["length_curve"], out / "length_curve.png"))

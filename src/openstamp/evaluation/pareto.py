@@ -1,0 +1,72 @@
+"""Where does a method stand against another's trade-off curve? Point by point, on a cost axis.
+
+A sweep gives each method points (cost c, TPR y) over its strengths, where the cost is a
+quality metric that rises with damage (``own_ppl_change``, the oracle's ``ppl_mean``). The
+baseline's curve is the piecewise-linear interpolation of its points sorted by cost. For a point
+(c, y) of the compared method inside the baseline's cost range [c_min, c_max]:
+
+    y_b(c) = linear interpolation of the baseline's TPR at cost c
+    se     = sqrt(y (1 - y) / n + y_b (1 - y_b) / n_b)           (binomial standard errors)
+    verdict = "above" if y - y_b > z se, "below" if y_b - y > z se, else "on"   (z = 1.96)
+
+with se floored at 1 / n so that two saturated points (y = y_b = 1) read "on". A point outside
+the range is "cheaper than every baseline point" or "costlier than every baseline point": no
+verdict is drawn from extrapolation.
+"""
+
+from __future__ import annotations
+
+import math
+
+from openstamp.evaluation.metrics import METRICS
+
+COST_AXES = tuple(m.name for m in METRICS.values() if m.cost_axis)
+Point = tuple[float, float, float]  # (cost, TPR, strength)
+
+
+def points(summary: list[dict], method: str, cost: str, tpr: str = "tpr_at_1pct_fpr") -> list[Point]:
+    """(cost, TPR, strength) of each strength of ``method`` that has both, sorted by cost."""
+    out = []
+    for s in summary:
+        if s["method"] != method:
+            continue
+        c, y = (s.get(cost) or {}).get("mean"), (s.get(tpr) or {}).get("mean")
+        if c is not None and y is not None and math.isfinite(c):
+            out.append((float(c), float(y), float(s["strength"])))
+    return sorted(out)
+
+
+def interpolate(curve: list[Point], cost: float) -> float | None:
+    """The curve's TPR at ``cost`` (linear between its neighbours); None outside its range."""
+    if not curve or cost < curve[0][0] or cost > curve[-1][0]:
+        return None
+    for (c0, y0, _), (c1, y1, _) in zip(curve, curve[1:], strict=False):
+        if c0 <= cost <= c1:
+            return y0 if c1 == c0 else y0 + (y1 - y0) * (cost - c0) / (c1 - c0)
+    return curve[0][1]  # a one-point curve, at its cost
+
+
+def verdict(y: float, n: int, y_b: float, n_b: int, z: float = 1.96) -> str:
+    """above / on / below, with the binomial standard error of both TPRs (floored at 1/n)."""
+    se = max(math.sqrt(y * (1 - y) / n + y_b * (1 - y_b) / n_b), 1.0 / n)
+    if y - y_b > z * se:
+        return "above"
+    if y_b - y > z * se:
+        return "below"
+    return "on"
+
+
+def compare(summary: list[dict], method: str, baseline: str, cost: str, n: int) -> list[dict]:
+    """One row per strength of ``method``: its cost and TPR, the baseline's TPR there, and the verdict."""
+    curve = points(summary, baseline, cost)
+    rows = []
+    for c, y, strength in points(summary, method, cost):
+        y_b = interpolate(curve, c)
+        if y_b is not None:
+            word = verdict(y, n, y_b, n)
+        elif curve:
+            word = "cheaper than every baseline point" if c < curve[0][0] else "costlier than every baseline point"
+        else:
+            word = "no baseline points"
+        rows.append({"strength": strength, "cost": c, "tpr": y, "baseline_tpr": y_b, "verdict": word})
+    return rows
