@@ -20,8 +20,7 @@ def lists(r: dict) -> list[str]:
         f"Green lists against L (`openstamp analyze lists`, {STAGE}): S refitted per L on the key's own projected "
         f"states ({r['states']['train']} train, {r['states']['heldout']} held out), G redrawn per gamma from its "
         "secret. Overlap: the share of the g most favoured tokens that lie in the state's argmax list; Jaccard: "
-        f"how alike two contexts' favoured sets are ({r['pairs']} random pairs; lower is more varied). Plot: "
-        "`benchmarks/results/analysis/lists/lists.png`.",
+        f"how alike two contexts' favoured sets are ({r['pairs']} random pairs; lower is more varied).",
         "",
         "| L | " + " | ".join(f"overlap, gamma {g:g} | Jaccard, gamma {g:g}" for g in gammas) + " | S held-out acc |",
         "|---:|" + "---:|---:|" * len(gammas) + "---:|",
@@ -36,8 +35,7 @@ def prompt(r: dict) -> list[str]:
     rows = [
         f"Prompt independence (`openstamp analyze prompt`, {STAGE}): each completion of the eval "
         f"(`{r['eval']}`, {r['n']} per set) scored with its prompt and without it, with the same key. Gap: the "
-        "mean |per-token LLR with - without| at the first token scored both ways and over the last 10. Plot: "
-        "`benchmarks/results/analysis/prompt/prompt.png`.",
+        "mean |per-token LLR with - without| at the first token scored both ways and over the last 10.",
         "",
         "| run | text | mean LLR with prompt | without | correlation | flagged p<=0.01 with / without | "
         "gap, first token | gap, last 10 |",
@@ -82,7 +80,7 @@ def gamma_delta(r: dict) -> list[str]:
         f"The effect of gamma and delta (`openstamp analyze gamma-delta`, {STAGE}): one key, G redrawn per gamma; "
         f"{s['n']} held-out prompts, {s['tokens']} new tokens, flagged at p <= {s['fpr']}; cost: the model's own "
         f"perplexity on the human continuations ({r['own_ppl_original']:.2f} unwatermarked). Cells: TPR / own "
-        "perplexity change. Plot: `benchmarks/results/analysis/gamma-delta/gamma_delta.png`.",
+        "perplexity change.",
         "",
         "| gamma | " + " | ".join(f"delta {d:g}" for d in deltas) + " |",
         "|---:|" + "---:|" * len(deltas),
@@ -117,9 +115,12 @@ def analyses(results: Path) -> list[str]:
     """Every analysis whose results exist, each followed by a blank line."""
     out: list[str] = []
     for name, render in (("lists", lists), ("prompt", prompt), ("llr", llr), ("gamma-delta", gamma_delta)):
-        r = _load(results / "analysis" / name / "results.json")
+        folder = results / "analysis" / name
+        r = _load(folder / "results.json")
         if r is not None:
             out += render(r) + [""]
+            plots = [f"![{p.name}](benchmarks/results/{p.relative_to(results)})" for p in sorted(folder.glob("*.png"))]
+            out += [" ".join(plots), ""] if plots else []
     r = _load(results / "low_strength.json")
     if r is not None:
         out += low_strength(r) + [""]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
 
 def tune(r: dict) -> list[str]:
     s = r["settings"]
@@ -72,7 +76,8 @@ def strength_sweep(r: dict) -> list[str]:
             d = m.get("downstream", {}).get(t)
             cells.append("-" if d is None else f"{d['change']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
         rows.append(f"| {run['strength']:g} | " + " | ".join(cells) + " |")
-    return rows
+    plots = [name for name in ("pareto.png", "length_curve.png") if (RESULTS / "cost" / name).exists()]
+    return rows + (["", " ".join(f"![{name}](benchmarks/results/cost/{name})" for name in plots)] if plots else [])
 
 
 def _cell(value: float | None) -> str:
