@@ -146,6 +146,10 @@ def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file,
     assert len(calls) == 2  # only the two missing batches were generated
     assert len(list((tmp_path / "generations").rglob("b*.json"))) == 4
     assert (tmp_path / "report.md").exists() and resumed["runs"][0]["metrics"]["auroc"] >= 0
+    timings = resumed["timings_s"]  # the killed invocation's seconds were kept beside the resumed one's
+    assert timings["invocations"] == 2 and timings["stages"]["generate"] > 0
+    assert timings["total"] == pytest.approx(sum(timings["stages"].values()), abs=0.5)
+    assert "Time spent per stage, summed over 2 invocation(s)" in (tmp_path / "report.md").read_text()
 
 
 def test_too_few_windows_is_a_clear_error(model_dir, corpus_file, tmp_path):

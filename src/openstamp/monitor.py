@@ -55,3 +55,13 @@ class StageMonitor:
             thread.join()
             self.seconds[name] = round(time.perf_counter() - start, 3)
             self.peak_rss_mb[name] = round(max(peak[0], current_rss_mb()), 1)
+
+
+@contextmanager
+def add_seconds(seconds: dict[str, float], name: str) -> Iterator[None]:
+    """Add the wall seconds of the block to ``seconds[name]`` (a stage that runs many times sums up)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start

@@ -13,12 +13,14 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
       ppl/<set>.json              oracle perplexities
       own_ppl/<set>.json          the generating model's own NLL on the human continuations
       downstream/<set>.json       its per-item accuracy on the lm-eval tasks of cfg.downstream
+      timings.json                seconds per stage of every invocation (a resumed stage costs ~0)
       results.json, samples.jsonl, report.md, *.png
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
 from dataclasses import asdict
@@ -31,6 +33,7 @@ from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.models import load_model
+from openstamp.monitor import add_seconds
 from openstamp.storage import atomic_write_json, read_json
 from openstamp.text import prompt_windows
 
@@ -50,57 +53,72 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
     _check_config(cfg, out)
-    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    key_docs = split_documents(load_documents(cfg.key_corpus), "key")
-    windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
+    seconds: dict[str, float] = {}
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+    try:
+        runs, windows = _stages(cfg, out, progress, choice, seconds, started)
+    finally:  # an interrupted invocation keeps its seconds too
+        timings = record_timings(out, started, seconds)
+    results = collect_results(out, cfg, runs, windows)
+    results["timings_s"] = timings
+    atomic_write_json(out / "results.json", results)
+    from openstamp.evaluation.report import write_report
+
+    write_report(out)
+    return results
+
+
+def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[str, float], started: str):
+    """Keys, generations, own perplexity, downstream, scores, lengths and the oracle; each stage timed into ``seconds``.
+
+    Returns the runs and the prompt windows.
+    """
+    with add_seconds(seconds, "load"):
+        model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        key_docs = split_documents(load_documents(cfg.key_corpus), "key")
+        windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
     prompts = [w["prompt"] for w in windows]
-    score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
-    score_downstream(out, "original", model, tokenizer, None, cfg)
+    with add_seconds(seconds, "own_ppl"):
+        score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
+    with add_seconds(seconds, "downstream"):
+        score_downstream(out, "original", model, tokenizer, None, cfg)
     runs = []
     for seed in cfg.seeds:
-        generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
+        with add_seconds(seconds, "generate"):
+            generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
         for name in cfg.methods:
             method = None
             for strength in strengths(cfg, name):
-                if REGISTRY[name].key_per_strength:  # a key trained at its strength: one key each
-                    variant = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs, strength)
-                else:
-                    method = method or keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
-                    variant = method.with_strength(strength)
+                with add_seconds(seconds, "keys"):
+                    if REGISTRY[name].key_per_strength:  # a key trained at its strength: one key each
+                        variant = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs, strength)
+                    else:
+                        method = method or keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
+                        variant = method.with_strength(strength)
                 run = f"{name}@{strength:g}/s{seed}"
                 gen_name = generation_name(variant, strength, seed)
                 if variant.carrier is Carrier.WEIGHTS:
                     variant.apply(model)
                 try:
-                    generate_set(
-                        out,
-                        gen_name,
-                        model,
-                        tokenizer,
-                        prompts,
-                        cfg,
-                        seed,
-                        variant.logits_processor(),
-                        progress,
-                        choice,
-                    )
-                    score_own_ppl(out, gen_name, model, tokenizer, windows, variant.logits_processor(), cfg, progress)
-                    score_downstream(out, gen_name, model, tokenizer, variant.logits_processor(), cfg)
+                    with add_seconds(seconds, "generate"):
+                        processor = variant.logits_processor()  # a fresh one per use: some keep state
+                        generate_set(out, gen_name, model, tokenizer, prompts, cfg, seed, processor, progress, choice)
+                    with add_seconds(seconds, "own_ppl"):
+                        processor = variant.logits_processor()
+                        score_own_ppl(out, gen_name, model, tokenizer, windows, processor, cfg, progress)
+                    with add_seconds(seconds, "downstream"):
+                        processor = variant.logits_processor()
+                        score_downstream(out, gen_name, model, tokenizer, processor, cfg)
                 finally:
                     if variant.carrier is Carrier.WEIGHTS:
                         variant.revert(model)
-                score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
-                score_lengths(
-                    out,
-                    run,
-                    variant,
-                    model,
-                    tokenizer,
-                    load_generations(out, gen_name),
-                    [w["human"] for w in windows],
-                    run_lengths(cfg.lengths, cfg.new_tokens),
-                    cfg.score_batch_size,
-                )
+                with add_seconds(seconds, "score"):
+                    score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
+                with add_seconds(seconds, "lengths"):
+                    human = [w["human"] for w in windows]
+                    lengths = run_lengths(cfg.lengths, cfg.new_tokens)
+                    ids = load_generations(out, gen_name)
+                    score_lengths(out, run, variant, model, tokenizer, ids, human, lengths, cfg.score_batch_size)
                 runs.append(
                     {
                         "run": run,
@@ -111,15 +129,29 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
                         "settings": variant.describe(),
                     }
                 )
+                record_timings(out, started, seconds)
     if cfg.oracle != "none":
         del model
-        score_perplexity(out, cfg, tokenizer, windows, runs, progress)
-    results = collect_results(out, cfg, runs, windows)
-    atomic_write_json(out / "results.json", results)
-    from openstamp.evaluation.report import write_report
+        with add_seconds(seconds, "oracle"):
+            score_perplexity(out, cfg, tokenizer, windows, runs, progress)
+    return runs, windows
 
-    write_report(out)
-    return results
+
+def record_timings(out: Path, started: str, seconds: dict[str, float]) -> dict:
+    """Write this invocation's stage seconds into out/timings.json (one entry per invocation, by start time).
+
+    Called after every run, so a killed invocation keeps what it had spent. Returns each stage's sum
+    over every invocation so far.
+    """
+    path = out / "timings.json"
+    history = [e for e in (read_json(path, "timings") if path.exists() else []) if e["started"] != started]
+    history.append({"started": started, "seconds": {k: round(v, 1) for k, v in seconds.items()}})
+    atomic_write_json(path, history)
+    totals: dict[str, float] = {}
+    for entry in history:
+        for stage, value in entry["seconds"].items():
+            totals[stage] = round(totals.get(stage, 0.0) + value, 1)
+    return {"stages": totals, "total": round(sum(totals.values()), 1), "invocations": len(history)}
 
 
 def _check_config(cfg: EvalConfig, out: Path) -> None:

@@ -174,6 +174,11 @@ def pareto_table(results: dict) -> list[str]:
     ]
 
 
+def _timings(t: dict) -> list[str]:
+    stages = ", ".join(f"{name} {sec:.0f} s" for name, sec in sorted(t["stages"].items(), key=lambda kv: -kv[1]))
+    return [f"Time spent per stage, summed over {t['invocations']} invocation(s): {stages}; {t['total']:.0f} s.", ""]
+
+
 def write_report(out: Path) -> Path:
     """Write report.md and its PNGs from ``out/results.json``."""
     results = read_json(out / "results.json", "results file")
@@ -214,6 +219,7 @@ def write_report(out: Path) -> Path:
         *[f"![{name}]({name})" for name in plots],
         "",
         *[p.read_text(encoding="utf-8") for p in sorted(out.glob("attacks/*.md"))],  # openstamp attack sections
+        *(_timings(results["timings_s"]) if results.get("timings_s") else []),
         f"Generated from results.json ({results['created']}); versions: "
         + ", ".join(f"{k} {v}" for k, v in results["versions"].items())
         + ".",
