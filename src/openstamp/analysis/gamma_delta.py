@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from openstamp.analysis import write_results
 from openstamp.key.key import WatermarkKey
 from openstamp.tune import TuneConfig, probe
 
@@ -49,9 +50,7 @@ def run_gamma_delta(model_spec: str, key_dir, corpus: str, gammas, deltas, cfg: 
     from openstamp.corpus import load_documents, split_documents
     from openstamp.models import load_model
     from openstamp.patch import check_key
-    from openstamp.storage import atomic_write_json
     from openstamp.tune import heldout_pairs
-    from openstamp.watermark import versions
 
     out = Path(out)
     key = WatermarkKey.load(key_dir)
@@ -66,12 +65,8 @@ def run_gamma_delta(model_spec: str, key_dir, corpus: str, gammas, deltas, cfg: 
         "corpus": corpus,
         "settings": dataclasses.asdict(cfg),
         **grid(model, tokenizer, key, pairs, cfg, gammas, deltas, progress),
-        "versions": versions(),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "results.json", results)
-    plot(results, out / "gamma_delta.png")
-    return results
+    return write_results(out, results, "gamma_delta.png", lambda path: plot(results, path))
 
 
 def plot(results: dict, path: Path) -> None:

@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from openstamp.analysis import write_results
 from openstamp.config import SelectorConfig
 from openstamp.key.key import WatermarkKey
 from openstamp.key.selector import fit_selector
@@ -126,8 +127,6 @@ def run_lists(
     from pathlib import Path
 
     from openstamp.models import load_model
-    from openstamp.storage import atomic_write_json
-    from openstamp.watermark import versions
 
     out = Path(out)
     base = WatermarkKey.load(key_dir)
@@ -145,12 +144,8 @@ def run_lists(
         "projection": base.projection is not None,
         "pairs": pairs,
         "rows": rows,
-        "versions": versions(),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "results.json", results)
-    plot(rows, out / "lists.png")
-    return results
+    return write_results(out, results, "lists.png", lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from openstamp.analysis import write_results
 from openstamp.evaluation.own_ppl import window_nll
 from openstamp.methods import REGISTRY, Carrier
 
@@ -47,9 +48,7 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
     from openstamp.attacks.common import load_method, open_eval
     from openstamp.evaluation.results import detection_metrics
     from openstamp.models import load_model
-    from openstamp.storage import atomic_write_json
     from openstamp.text import bos_prefix
-    from openstamp.watermark import versions
 
     ev, out = open_eval(eval_dir), Path(out)
     runs = [r for r in ev.runs if r["method"] not in SELF_LLR and REGISTRY[r["method"]].carrier is Carrier.WEIGHTS]
@@ -85,11 +84,7 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
             }
         )
     results = {"command": "openstamp analyze llr", "eval": str(ev.path), "n": count, "rows": rows}
-    results["versions"] = versions()
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "results.json", results)
-    plot(rows, out / "llr.png")
-    return results
+    return write_results(out, results, "llr.png", lambda path: plot(rows, path))
 
 
 def _mean(records: list[dict]) -> float | None:

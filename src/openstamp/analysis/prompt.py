@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.analysis import write_results
+
 KEYED = ("openstamp", "openstamp-nosem")  # the methods whose key is a WatermarkKey
 
 
@@ -60,8 +62,6 @@ def run_prompt(eval_dir, out, n: int | None = None, batch_size: int = 16) -> dic
     from openstamp.attacks.common import load_method, open_eval
     from openstamp.detect.detector import DetectConfig, Detector
     from openstamp.models import load_model
-    from openstamp.storage import atomic_write_json
-    from openstamp.watermark import versions
 
     ev, out = open_eval(eval_dir), Path(out)
     runs = [r for r in ev.runs if r["method"] in KEYED]
@@ -83,11 +83,7 @@ def run_prompt(eval_dir, out, n: int | None = None, batch_size: int = 16) -> dic
             without = detector.detect(ids, token_scores=True)
             rows.append({"run": run["run"], "text": name, **compare(with_prompt, without)})
     results = {"command": "openstamp analyze prompt", "eval": str(ev.path), "n": count, "rows": rows}
-    results["versions"] = versions()
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "results.json", results)
-    plot(rows, out / "prompt.png")
-    return results
+    return write_results(out, results, "prompt.png", lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: Path) -> None:
