@@ -141,7 +141,7 @@ def main() -> None:
     if args.stage in ("score", "all"):
         from fpr_scoring import stage_score
 
-        stage_score(args.out, args)
+        stage_score(args.out, args, {name: load_source(args.out, name) for name in SOURCES if name in args.sources})
 
 
 if __name__ == "__main__":

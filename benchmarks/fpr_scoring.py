@@ -156,19 +156,19 @@ def fpr_summary(pvalues: np.ndarray, alpha: float) -> dict:
     }
 
 
-def stage_score(out, args) -> None:
+def stage_score(out, args, sources: dict[str, list[str]]) -> None:
+    """Score each source's texts (name -> texts, in report order) with every key variant; write the summary."""
     from common import write_result
-    from fpr_per_key import SOURCES, load_source
 
     model, tokenizer = load_model("smollm2-135m")
     key = WatermarkKey.load(out / "key")
     keys = variant_keys(key, args.keys)
     report, timings = {}, {}
-    for name in [n for n in SOURCES if n in args.sources]:
+    for name, texts in sources.items():
         cache = out / "scores" / f"{name}_k{args.keys}.json"
         if not cache.exists():
             began = time.perf_counter()
-            rows = score_source(model, tokenizer, keys, load_source(out, name))
+            rows = score_source(model, tokenizer, keys, texts)
             cache.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(cache, rows)
             timings[name] = time.perf_counter() - began
