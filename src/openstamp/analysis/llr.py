@@ -8,7 +8,8 @@ detector) can be scored by the length-normalised log-likelihood ratio
            = NLL_orig(x) - NLL_wm(x)
 
 (s = 1 with BOS, else the first token is context), instead of the method's native detector.
-Both are compared on the same texts of the eval: its watermarked completions against human
+Both are compared on the same texts of the eval (the LLR reads their token ids; the native
+detectors scored the decoded text, as the eval did): its watermarked completions against human
 continuations (the primary negatives) and unwatermarked completions, at the eval's FPRs.
 """
 
