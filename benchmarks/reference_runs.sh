@@ -51,8 +51,8 @@ analyses() {
   $OPENSTAMP eval --model smollm2-135m --methods unremovable,gaussmark --n 64 --new-tokens 64 --oracle none --out $B
   [ -f $A/llr/results.json ] || $OPENSTAMP analyze llr --eval $B --out $A/llr
   [ -f $A/gamma-delta/results.json ] || $OPENSTAMP analyze gamma-delta --key $K --model smollm2-135m \
-    --gammas 0.1,0.25,0.5 --deltas 0.25,0.5,1,2 --tokens 64 --n 32 --out $A/gamma-delta
-  [ -f benchmarks/results/low_strength.json ] || .venv/bin/python benchmarks/low_strength.py --key $K
+    --gammas 0.1,0.25,0.5 --deltas 0.5,1,2 --tokens 64 --n 32 --out $A/gamma-delta
+  [ -f benchmarks/results/low_strength.json ] || .venv/bin/python benchmarks/low_strength.py --key $K --n 32
   for a in lists prompt llr gamma-delta; do
     mkdir -p benchmarks/results/analysis/$a
     cp $A/$a/results.json $A/$a/*.png benchmarks/results/analysis/$a/
