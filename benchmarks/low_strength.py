@@ -33,7 +33,7 @@ from openstamp.patch import tied_head_mode
 from openstamp.text import bos_prefix
 from openstamp.tune import TuneConfig, heldout_pairs, probe
 
-# (L, shrinkage f) refitted beside the key's own S (L 254, f ~ 0: refitting it on the same states gives the same S)
+# (L, shrinkage f) refitted beside the key's own S, whose setting is L 254 with f ~ 0
 VARIANTS = ((64, 0.0), (16, 0.0), (254, 0.1), (254, 1.0))
 
 
