@@ -147,7 +147,7 @@ def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file,
     assert len(list((tmp_path / "generations").rglob("b*.json"))) == 4
     assert (tmp_path / "report.md").exists() and resumed["runs"][0]["metrics"]["auroc"] >= 0
     timings = resumed["timings_s"]  # the killed invocation's seconds were kept beside the resumed one's
-    assert timings["invocations"] == 2 and timings["stages"]["generate"] > 0
+    assert timings["invocations"] == 2 and timings["stages"]["generate"] > 0 and timings["complete"]
     assert timings["total"] == pytest.approx(sum(timings["stages"].values()), abs=0.5)
     assert "Time spent per stage, summed over 2 invocation(s)" in (tmp_path / "report.md").read_text()
 
@@ -258,3 +258,11 @@ def test_a_killed_sweep_resumes_where_it_stopped(model_dir, corpus_file, tmp_pat
     assert sorted(r["strength"] for r in resumed["runs"]) == [1.0, 2.0, 3.0]
     assert all(p.read_bytes() == data for p, data in before.items())  # nothing finished was regenerated
     assert len(list((out / "generations").rglob("b*.json"))) == 4 * 2  # unwatermarked + 3 strengths, 2 batches
+
+
+def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
+    (tmp_path / "generations").mkdir()
+    timings = pipeline.record_timings(tmp_path, "t0", {"generate": 1.0}, untimed=True)
+    assert not timings["complete"] and timings["total"] == 1.0
+    later = pipeline.record_timings(tmp_path, "t1", {"generate": 2.0, "score": 0.5})
+    assert later == {"stages": {"generate": 3.0, "score": 0.5}, "total": 3.5, "invocations": 2, "complete": False}

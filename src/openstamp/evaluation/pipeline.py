@@ -55,10 +55,11 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     _check_config(cfg, out)
     seconds: dict[str, float] = {}
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+    untimed = (out / "generations").exists() and not (out / "timings.json").exists()  # a run begun before timings
     try:
         runs, windows = _stages(cfg, out, progress, choice, seconds, started)
     finally:  # an interrupted invocation keeps its seconds too
-        timings = record_timings(out, started, seconds)
+        timings = record_timings(out, started, seconds, untimed)
     results = collect_results(out, cfg, runs, windows)
     results["timings_s"] = timings
     atomic_write_json(out / "results.json", results)
@@ -137,21 +138,28 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
     return runs, windows
 
 
-def record_timings(out: Path, started: str, seconds: dict[str, float]) -> dict:
+def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: bool = False) -> dict:
     """Write this invocation's stage seconds into out/timings.json (one entry per invocation, by start time).
 
     Called after every run, so a killed invocation keeps what it had spent. Returns each stage's sum
-    over every invocation so far.
+    over every invocation so far; ``complete`` is False when the run directory held work done before
+    timings were recorded (``untimed``), which the sums leave out.
     """
     path = out / "timings.json"
     history = [e for e in (read_json(path, "timings") if path.exists() else []) if e["started"] != started]
-    history.append({"started": started, "seconds": {k: round(v, 1) for k, v in seconds.items()}})
+    entry = {"started": started, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+    history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
     atomic_write_json(path, history)
     totals: dict[str, float] = {}
-    for entry in history:
-        for stage, value in entry["seconds"].items():
+    for e in history:
+        for stage, value in e["seconds"].items():
             totals[stage] = round(totals.get(stage, 0.0) + value, 1)
-    return {"stages": totals, "total": round(sum(totals.values()), 1), "invocations": len(history)}
+    return {
+        "stages": totals,
+        "total": round(sum(totals.values()), 1),
+        "invocations": len(history),
+        "complete": not any(e.get("untimed_earlier_work") for e in history),
+    }
 
 
 def _check_config(cfg: EvalConfig, out: Path) -> None:

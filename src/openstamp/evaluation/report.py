@@ -176,7 +176,10 @@ def pareto_table(results: dict) -> list[str]:
 
 def _timings(t: dict) -> list[str]:
     stages = ", ".join(f"{name} {sec:.0f} s" for name, sec in sorted(t["stages"].items(), key=lambda kv: -kv[1]))
-    return [f"Time spent per stage, summed over {t['invocations']} invocation(s): {stages}; {t['total']:.0f} s.", ""]
+    line = f"Time spent per stage, summed over {t['invocations']} invocation(s): {stages}; {t['total']:.0f} s."
+    if not t.get("complete", True):
+        line += " Work done before this version recorded timings is not counted."
+    return [line, ""]
 
 
 def write_report(out: Path) -> Path:
