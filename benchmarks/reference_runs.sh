@@ -2,7 +2,7 @@
 # The evaluation and attack runs behind benchmarks/results/eval/ (the paper's Table 1, Figure 2 and
 # robustness section on the packaged SmolLM2-135M), at the scale a 2-core CPU allows.
 #
-#   bash benchmarks/reference_runs.sh                 # every stage, in order (about 5 hours here)
+#   bash benchmarks/reference_runs.sh                 # every stage, in order (most of a day on 2 CPU cores)
 #   bash benchmarks/reference_runs.sh edit quantize   # chosen stages (the eval stage must have run)
 #
 # Every command resumes where it stopped when run again. Logs go to runs/logs/<stage>.log; the
