@@ -79,10 +79,10 @@ def plot(results: dict, path: Path) -> None:
         rows = [r for r in results["rows"] if r["gamma"] == gamma]
         deltas = [r["delta"] for r in rows]
         axes[0].plot(deltas, [r["tpr"] for r in rows], marker="o", label=f"gamma {gamma:g}")
-        axes[1].plot(deltas, [100 * r["own_ppl_change"] for r in rows], marker="o", label=f"gamma {gamma:g}")
+        axes[1].plot(deltas, [1 + r["own_ppl_change"] for r in rows], marker="o", label=f"gamma {gamma:g}")
     axes[0].set(xlabel="delta", ylabel=f"TPR at p <= {settings['fpr']:g}", ylim=(-0.02, 1.02))
     axes[0].set_title(f"detection, {settings['tokens']}-token texts (n = {settings['n']})", fontsize=9)
-    axes[1].set(xlabel="delta", ylabel="own perplexity change (%)")
+    axes[1].set(xlabel="delta", ylabel="own perplexity / the original's", yscale="log")
     axes[1].set_title("cost: own perplexity on human text", fontsize=9)
     axes[0].legend(fontsize=8)
     save_figure(fig, path)
