@@ -26,12 +26,10 @@ from common import write_result
 
 from openstamp import load_documents, load_model, split_documents
 from openstamp.analysis.lists import key_states
-from openstamp.evaluation.own_ppl import perplexity, window_nll
 from openstamp.key.key import WatermarkKey
 from openstamp.key.selector import fit_selector
-from openstamp.patch import tied_head_mode
-from openstamp.text import bos_prefix
-from openstamp.tune import TuneConfig, heldout_pairs, probe
+from openstamp.patch import release_tied_head
+from openstamp.tune import TuneConfig, heldout_pairs, own_perplexity, probe
 
 # (L, shrinkage f) refitted beside the key's own S, whose setting is L 254 with f ~ 0
 VARIANTS = ((64, 0.0), (16, 0.0), (254, 0.1), (254, 1.0))
@@ -51,9 +49,8 @@ def main() -> None:
     model, tokenizer = load_model(args.model)
     cfg = TuneConfig(tokens=args.tokens, n=args.n, fpr=0.01)
     pairs = heldout_pairs(tokenizer, split_documents(load_documents(args.corpus), "heldout"), cfg)
-    bos = bos_prefix(tokenizer)
-    original = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
-    tied_head = "untie" if tied_head_mode(key) == "untie" else "retie"
+    original = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
+    tied_head = release_tied_head(key)
     z_train, z_held, _, selector = key_states(model, tokenizer, key, args.corpus, args.states)
     scale = float((z_train.double() ** 2).sum(0).mean())  # tr(Z^T Z) / d
     rows = []

@@ -89,6 +89,11 @@ def tied_head_mode(key: WatermarkKey) -> str:
     return model.get("tied_head") or ("untie" if model.get("tied") else "untied-base")
 
 
+def release_tied_head(key: WatermarkKey) -> str:
+    """The ``tied_head`` argument that rebuilds the key's release: ``untie`` for an untied release, else ``retie``."""
+    return "untie" if tied_head_mode(key) == "untie" else "retie"
+
+
 def tensor_sha256(tensor: torch.Tensor) -> str:
     data = tensor.detach().contiguous().cpu()
     return hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -223,8 +228,7 @@ def watermarked_copy(model: PreTrainedModel, key: WatermarkKey) -> PreTrainedMod
     the release's hidden states; ``model`` itself is left untouched (costs one model's memory).
     """
     patched = copy.deepcopy(model)
-    mode = tied_head_mode(key)
-    apply_watermark(patched, key, "untie" if mode == "untie" else "retie")
+    apply_watermark(patched, key, release_tied_head(key))
     del patched._openstamp_patch  # never reverted: drop the clone of U
     return patched
 

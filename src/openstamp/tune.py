@@ -73,10 +73,17 @@ def heldout_pairs(tokenizer, documents: list[Document], cfg: TuneConfig) -> list
     return pairs[: cfg.n]
 
 
+def own_perplexity(model, tokenizer, pairs, batch_size: int) -> float:
+    """The model's own perplexity on each pair's human continuation given BOS and its prompt."""
+    from openstamp.evaluation.own_ppl import perplexity, window_nll
+
+    bos = bos_prefix(tokenizer)
+    return perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=batch_size))
+
+
 def probe(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, tied_head: str, progress: bool) -> dict:
     """Watermark at ``key.delta``, sample, detect, and measure the model's own perplexity; then revert."""
     from openstamp import DetectConfig, Detector
-    from openstamp.evaluation.own_ppl import perplexity, window_nll
     from openstamp.generate import sample_completions
     from openstamp.patch import apply_watermark, revert_watermark
 
@@ -89,8 +96,7 @@ def probe(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, tied_head
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
         detector = Detector(model, tokenizer, key, DetectConfig(alpha=cfg.fpr))
         p_values = [r.p_value for r in detector.detect(texts)]
-        bos = bos_prefix(tokenizer)
-        own = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
+        own = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     finally:
         revert_watermark(model, key)
     hits = sum(p is not None and p <= cfg.fpr for p in p_values)
@@ -112,11 +118,8 @@ def tune_delta(
     reaches the target, the key at the probe with the highest TPR is returned and ``reached``
     is False.
     """
-    from openstamp.evaluation.own_ppl import perplexity, window_nll
-
     pairs = heldout_pairs(tokenizer, heldout, cfg)
-    bos = bos_prefix(tokenizer)
-    original = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
+    original = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     probes: list[dict] = []
 
     def run(delta: float) -> bool:

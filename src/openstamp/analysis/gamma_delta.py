@@ -19,20 +19,17 @@ from pathlib import Path
 
 from openstamp.analysis import write_results
 from openstamp.key.key import WatermarkKey
-from openstamp.tune import TuneConfig, probe
+from openstamp.tune import TuneConfig, own_perplexity, probe
 
 log = logging.getLogger(__name__)
 
 
 def grid(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, gammas, deltas, progress: bool) -> dict:
     """Probe every (gamma, delta); ``model`` is the original model and is left as it was."""
-    from openstamp.evaluation.own_ppl import perplexity, window_nll
-    from openstamp.patch import tied_head_mode
-    from openstamp.text import bos_prefix
+    from openstamp.patch import release_tied_head
 
-    tied_head = "untie" if tied_head_mode(key) == "untie" else "retie"
-    bos = bos_prefix(tokenizer)
-    original = perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=cfg.batch_size))
+    tied_head = release_tied_head(key)
+    original = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     rows = []
     for gamma in gammas:
         for delta in deltas:

@@ -42,11 +42,9 @@ NATIVE = ("auroc", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_vs_unwatermarked")
 
 def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: bool = True) -> dict:
     """Rescore every weight-level baseline run of an eval with the LLR; native figures beside it."""
-    import copy
-
     from tqdm.auto import tqdm
 
-    from openstamp.attacks.common import load_method, open_eval
+    from openstamp.attacks.common import load_method, mean_sd, open_eval, watermarked_copy
     from openstamp.evaluation.results import detection_metrics
     from openstamp.models import load_model
     from openstamp.text import bos_prefix
@@ -62,12 +60,11 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
     rows = []
     for run in tqdm(runs, desc="LLR on baselines", disable=not progress):
         method = load_method(ev, run, base)
-        watermarked = copy.deepcopy(base)
-        method.apply(watermarked)
+        watermarked = watermarked_copy(base, method)
         sets = {
             **texts,
             "watermarked": ev.generations(run)[:count],
-            "unwatermarked": ev.generations({"generations": f"unwatermarked/s{run['seed']}"})[:count],
+            "unwatermarked": ev.unwatermarked(run["seed"])[:count],
         }
         scores = {k: as_scores(text_llr(watermarked, base, v, prefix, batch_size)) for k, v in sets.items()}
         del watermarked
@@ -81,16 +78,11 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
                 "texts": count,
                 "native": {k: native[k] for k in NATIVE},
                 "llr": {k: llr[k] for k in NATIVE},
-                "mean_llr": {k: _mean(v) for k, v in scores.items()},
+                "mean_llr": {k: mean_sd([r["score"] for r in v])["mean"] for k, v in scores.items()},
             }
         )
     results = {"command": "openstamp analyze llr", "eval": str(ev.path), "n": count, "rows": rows}
     return write_results(out, results, "llr.png", lambda path: plot(rows, path))
-
-
-def _mean(records: list[dict]) -> float | None:
-    values = [r["score"] for r in records if r["score"] is not None]
-    return sum(values) / len(values) if values else None
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -76,7 +76,7 @@ def run_prompt(eval_dir, out, n: int | None = None, batch_size: int = 16) -> dic
         detector = Detector(base, tokenizer, key, DetectConfig(batch_size=batch_size))
         sets = {
             "watermarked": ev.generations(run)[:count],
-            "unwatermarked": ev.generations({"generations": f"unwatermarked/s{run['seed']}"})[:count],
+            "unwatermarked": ev.unwatermarked(run["seed"])[:count],
         }
         for name, ids in sets.items():
             with_prompt = detector.detect(ids, prompts, token_scores=True)

@@ -50,6 +50,10 @@ class EvalRun:
     def generations(self, run: dict) -> list[list[int]]:
         return load_generations(self.path, run["generations"])
 
+    def unwatermarked(self, seed: int) -> list[list[int]]:
+        """The original model's completions of the prompts, sampled with ``seed``."""
+        return load_generations(self.path, f"unwatermarked/s{seed}")
+
     def prompts(self, n: int | None = None) -> list[list[int]]:
         return [w["prompt"] for w in self.windows[:n]]
 

@@ -6,19 +6,9 @@ from pathlib import Path
 
 import typer
 
-from openstamp.cli.common import ModelOption, console, friendly_errors, setup_logging
+from openstamp.cli.common import ModelOption, console, friendly_errors, numbers, setup_logging
 
 analyze_app = typer.Typer(name="analyze", help="The paper's analyses of a key, with plots.", no_args_is_help=True)
-
-
-def _values(text: str, kind: type, name: str) -> tuple:
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"--{name} takes comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise ValueError(f"--{name} is empty")
-    return values
 
 
 @analyze_app.command()
@@ -38,7 +28,7 @@ def lists(
     from openstamp.analysis.lists import run_lists
 
     setup_logging(quiet)
-    n_lists, fractions = _values(lists_, int, "lists"), _values(gammas, float, "gammas")
+    n_lists, fractions = numbers(lists_, "lists", int), numbers(gammas, "gammas")
     if min(n_lists) < 2 or not all(0 < g < 1 for g in fractions):
         raise ValueError("need --lists >= 2 and --gammas in (0, 1)")
     results = run_lists(model, key, corpus, n_lists, fractions, states, pairs, out, progress=not quiet)
@@ -126,7 +116,7 @@ def gamma_delta(
     from openstamp.tune import TuneConfig
 
     setup_logging(quiet)
-    fractions, strengths = _values(gammas, float, "gammas"), _values(deltas, float, "deltas")
+    fractions, strengths = numbers(gammas, "gammas"), numbers(deltas, "deltas")
     if not all(0 < g < 1 for g in fractions) or min(strengths) <= 0:
         raise ValueError("need --gammas in (0, 1) and --deltas > 0")
     cfg = TuneConfig(tokens=tokens, fpr=fpr, n=n, prompt_tokens=prompt_tokens, seed=seed)

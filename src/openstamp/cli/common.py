@@ -69,6 +69,17 @@ def friendly_errors(func):
     return wrapper
 
 
+def numbers(text: str, name: str, kind: type = float) -> tuple:
+    """A comma-separated option (``--t 0.1,0.3``) as a tuple of ``kind``; a clear error when it is not."""
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--{name} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"--{name} needs at least one value")
+    return values
+
+
 def parse_settings(items: list[str] | None) -> dict[str, Any]:
     """``--set section.field=value`` pairs; values are parsed as JSON when possible."""
     import json

@@ -13,17 +13,7 @@ from pathlib import Path
 import typer
 
 from openstamp.cli.attack import EvalOption, MethodsOption, QuietOption, _finish, _methods, attack_app
-from openstamp.cli.common import friendly_errors, setup_logging
-
-
-def _numbers(text: str, name: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"--{name} expects comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise ValueError(f"--{name} needs at least one value")
-    return values
+from openstamp.cli.common import friendly_errors, numbers, setup_logging
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -56,7 +46,7 @@ def merge(
     cfg = MergeConfig(
         with_model=with_model,
         merges=_names(method),
-        t=_numbers(t, "t"),
+        t=numbers(t, "t"),
         task_t=task_t,
         density=density,
         seed=seed,
@@ -92,7 +82,7 @@ def prune(
     setup_logging(quiet)
     cfg = PruneConfig(
         pruner=method.strip().lower(),
-        sparsities=_numbers(sparsity, "sparsity"),
+        sparsities=numbers(sparsity, "sparsity"),
         include_head=include_head,
         calibration=calibration,
         calibration_windows=calibration_windows,
