@@ -1,6 +1,7 @@
 """What helps at low strength? Fewer green lists and a shrunk selector, at one delta, against the key.
 
-    python benchmarks/low_strength.py [--key runs/tune/key] [--delta 0.5] [--n 64] [--tokens 64]
+    python benchmarks/low_strength.py [--key runs/tune/key] [--deltas 0.5] [--n 64] [--tokens 64]
+        [--variants 64:0,16:0,254:0.1,254:1] [--name low_strength]
 
 A weak watermark (delta where the model's own perplexity rises ~10%) is detected in only part
 of the 64-token texts. Two knobs of S might buy detection at the same cost:
@@ -13,7 +14,8 @@ For every variant S is refitted (k-means, ridge, rescaling, as key building does
 states, sampled as the key's were, with the key's secret, P, gamma and delta; then one probe
 (as ``openstamp tune`` runs) watermarks the model, samples one completion per held-out prompt,
 flags at p <= 0.01 and measures the own perplexity on the prompts' human continuations.
-Writes benchmarks/results/low_strength.json.
+Every variant (and the key's own S) runs at every delta of ``--deltas``. Writes
+benchmarks/results/<name>.json.
 """
 
 from __future__ import annotations
@@ -21,18 +23,32 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 
 from common import write_result
 
 from openstamp import load_documents, load_model, split_documents
 from openstamp.analysis.lists import key_states
+from openstamp.cli.common import numbers
 from openstamp.key.key import WatermarkKey
 from openstamp.key.selector import fit_selector
 from openstamp.patch import release_tied_head
 from openstamp.tune import TuneConfig, heldout_pairs, own_perplexity, probe
 
-# (L, shrinkage f) refitted beside the key's own S, whose setting is L 254 with f ~ 0
-VARIANTS = ((64, 0.0), (16, 0.0), (254, 0.1), (254, 1.0))
+
+def variants(text: str) -> list[tuple[int, float]]:
+    """``"64:0,254:1"`` -> [(64, 0.0), (254, 1.0)]: (L, shrinkage f) refitted beside the key's own S."""
+    try:
+        return [(int(lists), float(f)) for lists, f in (v.split(":") for v in text.split(",") if v)]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"variants are L:f pairs separated by commas, not {text!r}") from err
+
+
+def deltas(text: str) -> tuple:
+    try:
+        return numbers(text, "deltas")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def main() -> None:
@@ -40,7 +56,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--key", default="runs/tune/key", help="a key of --model (openstamp tune or embed)")
     parser.add_argument("--corpus", default="wikipedia")
-    parser.add_argument("--delta", type=float, default=0.5)
+    parser.add_argument("--deltas", type=deltas, default=(0.5,), help="comma-separated strengths")
+    parser.add_argument(
+        "--variants",
+        type=variants,
+        default=variants("64:0,16:0,254:0.1,254:1"),
+        help="L:f pairs refitted beside the key's own S (the key's setting is L 254 with f ~ 0)",
+    )
+    parser.add_argument("--name", default="low_strength", help="writes benchmarks/results/<name>.json")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--states", type=int, default=24576)
@@ -54,31 +77,35 @@ def main() -> None:
     z_train, z_held, _, selector = key_states(model, tokenizer, key, args.corpus, args.states)
     scale = float((z_train.double() ** 2).sum(0).mean())  # tr(Z^T Z) / d
     rows = []
-    for n_lists, shrink in (("key", None), *VARIANTS):
-        if shrink is None:
-            S, stats = key.selector, key.meta.get("stats", {}).get("selector", {})
-        else:
-            lam = max(shrink * scale, selector.ridge_lambda)
-            S, stats = fit_selector(z_train, z_held, dataclasses.replace(selector, n_lists=n_lists, ridge_lambda=lam))
-        variant = dataclasses.replace(key, selector=S, delta=args.delta, meta=copy.deepcopy(key.meta))
+    fits = {None: (key.selector, key.meta.get("stats", {}).get("selector", {}))}
+    for n_lists, shrink in args.variants:
+        lam = max(shrink * scale, selector.ridge_lambda)
+        fits[(n_lists, shrink)] = fit_selector(
+            z_train, z_held, dataclasses.replace(selector, n_lists=n_lists, ridge_lambda=lam)
+        )
+    for (name, (S, stats)), delta in itertools.product(fits.items(), args.deltas):
+        variant = dataclasses.replace(key, selector=S, delta=delta, meta=copy.deepcopy(key.meta))
         row = probe(model, tokenizer, variant, pairs, cfg, tied_head, progress=True)
         row.update(
-            variant="the key's own S" if shrink is None else f"L {n_lists}, shrinkage {shrink:g}",
+            variant="the key's own S" if name is None else f"L {name[0]}, shrinkage {name[1]:g}",
             lists=int(S.shape[0]),
-            shrinkage=shrink,
+            shrinkage=None if name is None else name[1],
             selector_heldout_accuracy=stats.get("heldout_accuracy"),
             own_ppl_change=row["own_ppl"] / original - 1,
         )
         rows.append(row)
-        print(f"{row['variant']:24s} TPR {row['tpr']:.3f}  own ppl {100 * row['own_ppl_change']:+.1f}%", flush=True)
+        print(
+            f"{row['variant']:24s} delta {delta:g}  TPR {row['tpr']:.3f}  own ppl {100 * row['own_ppl_change']:+.1f}%",
+            flush=True,
+        )
     write_result(
-        "low_strength",
+        args.name,
         {
             "model": args.model,
             "key": args.key,
             "key_id": key.key_id,
             "corpus": args.corpus,
-            "delta": args.delta,
+            "deltas": args.deltas,
             "settings": dataclasses.asdict(cfg),
             "states": {"train": len(z_train), "heldout": len(z_held)},
             "shrinkage_scale": scale,
@@ -86,14 +113,14 @@ def main() -> None:
             "rows": rows,
         },
     )
-    print(f"\ndelta {args.delta}, {args.tokens}-token texts, n {args.n}, flagged at p <= 0.01")
-    print(f"{'variant':26s}{'L':>5s}{'S held-out acc':>16s}{'TPR':>7s}{'95% CI':>15s}{'own ppl':>10s}")
+    print(f"\n{args.tokens}-token texts, n {args.n}, flagged at p <= 0.01")
+    print(f"{'variant':26s}{'delta':>6s}{'L':>5s}{'S held-out acc':>16s}{'TPR':>7s}{'95% CI':>15s}{'own ppl':>10s}")
     for r in rows:
         acc = r["selector_heldout_accuracy"]
         acc_text = "-" if acc is None else f"{acc:.3f}"
         low, high = r["tpr_ci"]
-        print(f"{r['variant']:26s}{r['lists']:5d}{acc_text:>16s}{r['tpr']:7.3f}    [{low:.2f}, {high:.2f}]"
-              f"{100 * r['own_ppl_change']:+9.1f}%")  # fmt: skip
+        print(f"{r['variant']:26s}{r['delta']:6g}{r['lists']:5d}{acc_text:>16s}{r['tpr']:7.3f}"
+              f"    [{low:.2f}, {high:.2f}]{100 * r['own_ppl_change']:+9.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ analyses() {
   [ -f $A/gamma-delta/results.json ] || $OPENSTAMP analyze gamma-delta --key $K --model smollm2-135m \
     --gammas 0.1,0.25,0.5 --deltas 0.5,1,2 --tokens 64 --n 32 --out $A/gamma-delta
   [ -f benchmarks/results/low_strength.json ] || .venv/bin/python benchmarks/low_strength.py --key $K --n 32
+  # the shrinkage lead, stronger and at two strengths (the README quotes this command)
+  [ -f benchmarks/results/low_strength_shrinkage.json ] || .venv/bin/python benchmarks/low_strength.py --key $K \
+    --n 32 --variants 254:1,254:4,254:16 --deltas 0.35,0.5 --name low_strength_shrinkage
   for a in lists prompt llr gamma-delta; do
     mkdir -p benchmarks/results/analysis/$a
     cp $A/$a/results.json $A/$a/*.png benchmarks/results/analysis/$a/
@@ -76,6 +79,12 @@ inversion() { $OPENSTAMP attack selector-inversion --eval $EVAL --out runs/inver
 finetune() {
   $OPENSTAMP attack finetune --eval $EVAL --corpus wikipedia --steps 200 --every 50 --n 32 --out runs/ft
 }
+fade() {
+  # Gu et al. find that a distilled watermark fades under further fine-tuning: the same LoRA attack on KGW-distilled
+  # and on OpenStamp, side by side
+  $OPENSTAMP attack finetune --eval $EVAL --methods openstamp,kgw-distilled --corpus wikipedia --steps 200 --every 50 \
+    --n 32 --out runs/ft-distilled
+}
 merge() {
   $OPENSTAMP attack merge --eval $EVAL --method linear,slerp,ties,dare_ties --t 0.1,0.3,0.5,0.7 --n 32 --out runs/merge
 }
@@ -90,6 +99,9 @@ paraphrase() {
   # KGW+LLR left out: 1.5B paraphrases take about 5 min per 8 completions here
   $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-1.5b --n 16 \
     --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw --out runs/para
+  # the two baselines added after that run, same settings (the README's column merges both folders)
+  $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-1.5b --n 16 \
+    --methods kgw-distilled,sir --out runs/para-baselines
 }
 
 durability() {
@@ -129,14 +141,14 @@ keep() {
   mkdir -p $KEEP/attacks
   if [ -f $EVAL/results.json ]; then cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/; fi
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
-  for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/para runs/merge \
-    runs/prune runs/prune-magnitude runs/prune-head runs/instruct; do
+  for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/ft-distilled runs/para \
+    runs/para-baselines runs/merge runs/prune runs/prune-magnitude runs/prune-head runs/instruct; do
     if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
   done
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost durability analyses edit quantize quantize_head reinit inversion finetune merge prune instruct paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost durability analyses edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run

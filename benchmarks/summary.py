@@ -13,7 +13,7 @@ from pathlib import Path
 
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
-from summary_robust import durability, robustness
+from summary_robust import RETIED_FROM, durability, robustness
 from summary_trust import fpr_per_key, tail_check
 
 RESULTS = Path(__file__).parent / "results"
@@ -214,15 +214,30 @@ def evaluation(r: dict) -> list[str]:
         f"temperature {cfg['temperature']}, top-p {cfg['top_p']}, seed {', '.join(map(str, cfg['seeds']))}; "
         f"negatives are the human continuations; perplexity under `{cfg['oracle']}`. Full report with plots and "
         "every attack: [`benchmarks/results/eval/report.md`](benchmarks/results/eval/report.md). "
-        f"Measured on {r['created'][:10]}, before tied models were re-tied and m was made exact: OpenStamp's "
-        "releases in this table and the robustness table below were untied, and they have not been re-run since. "
-        "Every method detects at 1.000 here, so the detection columns do not separate the methods.",
+        f"Measured on {r['created'][:10]}{_release_note(r['created'])}.{_saturation_note(r)}",
         "",
         *summary_table(r),
         "",
         *reference_table(r),
         *_flagged(r),
     ]
+
+
+def _release_note(created: str) -> str:
+    if created >= RETIED_FROM:
+        return ", with the re-tied OpenStamp releases (the default since e33b98b)"
+    return (
+        ", before tied models were re-tied and m was made exact: OpenStamp's releases in this table were untied, "
+        "and they have not been re-run since"
+    )
+
+
+def _saturation_note(r: dict) -> str:
+    """Say so when every method detects perfectly: the detection columns then separate nothing."""
+    tprs = [s["tpr_at_1pct_fpr"]["mean"] for s in r["summary"] if s.get("tpr_at_1pct_fpr")]
+    if tprs and min(tprs) >= 1.0:
+        return " Every method detects at 1.000 here, so the detection columns do not separate the methods."
+    return ""
 
 
 def _flagged(r: dict) -> list[str]:

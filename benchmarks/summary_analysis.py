@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 
 STAGE = "`bash benchmarks/reference_runs.sh analyses`"
+SHRINKAGE = (
+    "python benchmarks/low_strength.py --key runs/tune/key --n 32 --variants 254:1,254:4,254:16 --deltas 0.35,0.5 "
+    "--name low_strength_shrinkage"
+)
 
 
 def _load(path: Path) -> dict | None:
@@ -91,21 +95,22 @@ def gamma_delta(r: dict) -> list[str]:
     return rows
 
 
-def low_strength(r: dict) -> list[str]:
+def low_strength(r: dict, command: str = "python benchmarks/low_strength.py") -> list[str]:
     s = r["settings"]
+    deltas = r.get("deltas", [r.get("delta")])
     rows = [
-        "What helps at low strength (`python benchmarks/low_strength.py`, " + STAGE + f"): delta {r['delta']:g}, "
+        f"What helps at low strength (`{command}`, " + STAGE + f"): delta {', '.join(f'{d:g}' for d in deltas)}, "
         f"{s['n']} held-out prompts, {s['tokens']} new tokens, flagged at p <= {s['fpr']}; S refitted per variant "
         "on the same states (shrinkage f: ridge lambda = f * tr(Z^T Z) / d).",
         "",
-        "| variant | L | S held-out accuracy | TPR [95% CI] | own perplexity change |",
-        "|---|---:|---:|---:|---:|",
+        "| variant | delta | L | S held-out accuracy | TPR [95% CI] | own perplexity change |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in r["rows"]:
         acc = row["selector_heldout_accuracy"]
         low, high = row["tpr_ci"]
         rows.append(
-            f"| {row['variant']} | {row['lists']} | {'-' if acc is None else f'{acc:.3f}'} | "
+            f"| {row['variant']} | {row['delta']:g} | {row['lists']} | {'-' if acc is None else f'{acc:.3f}'} | "
             f"{row['tpr']:.3f} [{low:.2f}, {high:.2f}] | {row['own_ppl_change']:+.1%} |"
         )
     return rows
@@ -124,4 +129,7 @@ def analyses(results: Path) -> list[str]:
     r = _load(results / "low_strength.json")
     if r is not None:
         out += low_strength(r) + [""]
+    r = _load(results / "low_strength_shrinkage.json")
+    if r is not None:
+        out += low_strength(r, SHRINKAGE) + [""]
     return out

@@ -5,6 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
+# created before it measured untied OpenStamp releases.
+RETIED_FROM = "2026-11-24T05:13:56+00:00"
+
+
+def _stale(attack: dict) -> str:
+    """Name the attacks run before the re-tie: they attacked an earlier eval run's untied releases."""
+    old = sorted((name, a["created"][:10]) for name, a in attack.items() if a.get("created", "") < RETIED_FROM)
+    if not old:
+        return ""
+    return (
+        " Run before tied models were re-tied, against an earlier eval run's untied OpenStamp releases, and not "
+        "re-run since: " + ", ".join(f"{name} ({day})" for name, day in old) + "; methods that eval did not have "
+        "are '-' in those columns."
+    )
+
 
 def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`") -> list[str]:
     """TPR@1%FPR of every method after each attack (one table), then the head re-training and S inversion.
@@ -38,12 +54,16 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
             else:
                 title = f"{label.upper()}{suffix} (simulated)"
             columns.append((title, quant.get("n"), values))
-    if "para" in attack:
-        para = attack["para"]
-        label = f"paraphrased ({para['settings']['paraphraser']})"
-        columns.append(
-            (label, para["settings"]["n"], {s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in para["summary"]})
-        )
+    # para, and para-* folders that paraphrased methods added later with the same settings: one column each
+    # (paraphraser, prompt, n), a method's newest result where two folders hold it
+    paras: dict[tuple, dict] = {}
+    for name in sorted((k for k in attack if k == "para" or k.startswith("para-")), key=lambda k: attack[k]["created"]):
+        para = attack[name]
+        how = (para["settings"]["paraphraser"], para["settings"].get("prompt", "paper"), para["settings"]["n"])
+        paras.setdefault(how, {}).update({s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in para["summary"]})
+    for (paraphraser, prompt, n), values in paras.items():
+        label = f"paraphrased ({paraphraser}{'' if prompt == 'paper' else f', {prompt} prompt'})"
+        columns.append((label, n, values))
     if "ft" in attack:
         ft = attack["ft"]
         last = max(s["step"] for s in ft["summary"])
@@ -55,7 +75,7 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
         f"Robustness ({source}): TPR@1%FPR against the eval's human continuations after "
         "each attack, n watermarked texts per column in the header; [mean detector score] beside a saturated "
         "1.000 where the attack recorded it; '-' where an attack does not apply or was not run (weight attacks "
-        "and fine-tuning do not apply to decode-time KGW).",
+        "and fine-tuning do not apply to decode-time KGW)." + _stale(attack),
         "",
         "| method | " + " | ".join(f"{name} (n {n})" for name, n, _ in columns) + " |",
         "|---|" + "---:|" * len(columns),
@@ -78,6 +98,39 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
             for c in attack["inversion"]["conditions"]
         )
         rows += ["", f"Rebuilding the selector S without the owner's corpus or seed: {conditions}."]
+    if "ft-distilled" in attack:
+        rows += fade_table(attack["ft-distilled"])
+    return rows
+
+
+def fade_table(r: dict) -> list[str]:
+    """Further fine-tuning of KGW-distilled beside OpenStamp: TPR@1%FPR [mean score] at each checkpoint."""
+    cfg = r["settings"]
+    steps = sorted({s["step"] for s in r["summary"]})
+    by = {(s["method"], s["step"]): s for s in r["summary"]}
+    rows = [
+        "",
+        f"Fine-tuning after distillation (`bash benchmarks/reference_runs.sh fade`): Gu et al. find that a "
+        f"distilled watermark fades when the model is fine-tuned further. The same {cfg['mode']} fine-tuning "
+        f"({cfg['optimizer']}, lr {cfg['lr']:g}, {cfg['batch_size']} x {cfg['seq_len']} tokens a step, "
+        f"{cfg['corpus']}) on both releases; TPR@1%FPR against the eval's human continuations [mean detector "
+        f"score; the scores of different methods are on different scales] after each number of steps, n {r['n']}, "
+        "and the training loss:",
+        "",
+        "| method | " + " | ".join(f"step {t}" for t in steps) + " |",
+        "|---|" + "---:|" * len(steps),
+    ]
+    for m in dict.fromkeys(s["method"] for s in r["summary"]):
+        cells = []
+        for t in steps:
+            s = by.get((m, t))
+            if s is None:
+                cells.append("-")
+                continue
+            loss = (s.get("train_loss") or {}).get("mean")
+            text = f"{s['tpr_at_1pct_fpr']['mean']:.3f} [{s['mean_score']['mean']:.3f}]"
+            cells.append(text + (f", loss {loss:.2f}" if loss is not None else ""))
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
     return rows
 
 
