@@ -56,6 +56,7 @@ analyses() {
   # the shrinkage lead, stronger and at two strengths (the README quotes this command)
   [ -f benchmarks/results/low_strength_shrinkage.json ] || .venv/bin/python benchmarks/low_strength.py --key $K \
     --n 32 --variants 254:1,254:4,254:16 --deltas 0.35,0.5 --name low_strength_shrinkage
+  [ -f benchmarks/results/weighting.json ] || .venv/bin/python benchmarks/weighting.py --key $K --n 32 --deltas 0.35,0.5
   for a in lists prompt llr gamma-delta; do
     mkdir -p benchmarks/results/analysis/$a
     cp $A/$a/results.json $A/$a/*.png benchmarks/results/analysis/$a/

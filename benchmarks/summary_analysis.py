@@ -116,6 +116,31 @@ def low_strength(r: dict, command: str = "python benchmarks/low_strength.py") ->
     return rows
 
 
+def weighting(r: dict) -> list[str]:
+    s = r["settings"]
+    rows = [
+        "Per-token weighting (`python benchmarks/weighting.py --key runs/tune/key`, " + STAGE + f"): {s['n']} "
+        f"held-out prompts, {s['tokens']} new tokens, the tuned key at low delta. Flagged at p <= {s['fpr']}: "
+        "watermarked completions [95% CI] / human continuations / the original model's completions. The z-tests "
+        "take the null 'each token drawn from the original model'; unit weights sum the centred terms c_t, optimal "
+        "weights u_t = E1[c_t] / Var0[c_t] (the most expected z under the watermarked model). AUROC against the "
+        "human continuations.",
+        "",
+        "| delta | detector (p-value) | z, unit weights | z, optimal weights | AUROC: mean LLR / unit / optimal |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["rows"]:
+        cells = []
+        for name in ("detector", "z_unit", "z_optimal"):
+            c = row[name]
+            low, high = c["tpr_ci"]
+            flagged = f"{c['human_flagged']:.3f} / {c['original_flagged']:.3f}"
+            cells.append(f"{c['tpr']:.3f} [{low:.2f}, {high:.2f}] / {flagged}")
+        auroc = " / ".join(f"{row[name]['auroc']:.3f}" for name in ("mean_llr", "z_unit", "z_optimal"))
+        rows.append(f"| {row['delta']:g} | " + " | ".join(cells) + f" | {auroc} |")
+    return rows
+
+
 def analyses(results: Path) -> list[str]:
     """Every analysis whose results exist, each followed by a blank line."""
     out: list[str] = []
@@ -132,4 +157,7 @@ def analyses(results: Path) -> list[str]:
     r = _load(results / "low_strength_shrinkage.json")
     if r is not None:
         out += low_strength(r, SHRINKAGE) + [""]
+    r = _load(results / "weighting.json")
+    if r is not None:
+        out += weighting(r) + [""]
     return out
