@@ -220,7 +220,37 @@ def evaluation(r: dict) -> list[str]:
         "",
         *reference_table(r),
         *_flagged(r),
+        *_trained(r),
+        *_lengths(r),
     ]
+
+
+def _trained(r: dict) -> list[str]:
+    """The training budget of the methods whose key is trained (KGW-distilled's student, SIR's network)."""
+    cells = []
+    for run in r["runs"]:
+        s = run["settings"]
+        if s["method"] == "kgw-distilled":
+            cells.append(
+                f"KGW-distilled's student was distilled for {s['steps']} steps of {s['batch_size']} x {s['seq_len']} "
+                f"tokens ({s['optimizer']}, lr {s['lr']:g}) towards the delta-{s['delta']:g} teacher"
+            )
+        if s["method"] == "sir":
+            cells.append(f"SIR's transform network was trained for {s['steps']} steps on {s['train_texts']} texts")
+    return ["", "; ".join(cells) + "."] if cells else []
+
+
+def _lengths(r: dict) -> list[str]:
+    """Detection against length on the same completions: where the methods separate before they saturate."""
+    from openstamp.evaluation.report import length_table
+
+    table = length_table(r)
+    if not table:
+        return []
+    plot = RESULTS / "eval" / "length_curve.png"
+    return ["", "Detection against length, same run. " + table[0], *table[1:]] + (
+        ["", "![length_curve.png](benchmarks/results/eval/length_curve.png)"] if plot.exists() else []
+    )
 
 
 def _release_note(created: str) -> str:

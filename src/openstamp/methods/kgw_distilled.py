@@ -27,21 +27,22 @@ key per delta of its sweep (keys/kgw-distilled@<delta>/s<seed>), over the paper'
 delta in {1.0, 1.25, 1.5, 1.75, 2.0} (2.0 for every other table): five distillations per seed.
 
 Budget. Full fine-tuning with AdamW; one step is a teacher forward plus a student forward and
-backward on ``batch_size`` windows of ``seq_len`` tokens. Measured on the shared 2-core CPU
-(float32, 2 threads, batch 4 x 128 tokens, other jobs running: load 5 to 7): SmolLM2-135M took
-85 s for the first step (copy, optimizer state), then 24 to 30 s a step (20 steps: 662 s); the
-tests' tiny Llama about 30 ms a step (batch 8 x 64). The default 100 steps (51k tokens) so take
-about 45 to 55 minutes for SmolLM2-135M there (less on an idle machine). That budget is small:
-20 steps at lr 1e-4 lowered the held-out KL to the delta-2 teacher only from 0.337 to 0.309
-nats/token (at lr 5e-4 the loss rose instead, 0.33 to 0.40 in 20 steps). Gu et al. distil for
-far longer on GPUs, so at this budget the baseline is much weaker than theirs; raise ``steps``
-where time allows.
+backward on ``batch_size`` windows of ``seq_len`` tokens. On an idle 2-core CPU (float32, batch
+4 x 128 tokens) SmolLM2-135M takes about 3.3 s a step (30 steps: 99 s, KL to the delta-2 teacher
+0.331 -> 0.297 nats/token, first and last tenth), so the default 100 steps (51k tokens) take about
+6 minutes; on the same CPU shared with other jobs a step took 24 to 30 s. That budget is small:
+the reference eval's student (100 steps, 200 completions of 200 tokens) is flagged at 1% FPR in
+only 5.5% of its texts (AUROC 0.76; benchmarks/results/eval/). Gu et al. distil for far longer on
+GPUs, so at this budget the baseline is much weaker than theirs; raise ``steps`` where time allows
+(about 1000 steps fit the hour the eval allows a key on this CPU).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,13 +57,14 @@ from openstamp.methods.kgw import KGW, KGWLLR, GreenLists, KGWConfig, KGWLLRConf
 from openstamp.models import model_device
 from openstamp.training import TrainConfig, prepare, train, training_windows
 
+log = logging.getLogger(__name__)
 _WEIGHT = "weight/"  # prefix of the student's parameters in key.safetensors
 
 
 @dataclass(frozen=True, kw_only=True)
 class KGWDistilledConfig(KGWLLRConfig):
     delta: float = option(2.0, "the teacher's logit bias on green tokens (the strength; one key per delta)")
-    steps: int = option(100, "distillation optimizer steps (about 50 min for SmolLM2-135M on 2 busy CPU cores)")
+    steps: int = option(100, "distillation optimizer steps (about 6 min for SmolLM2-135M on 2 idle CPU cores)")
     batch_size: int = option(4, "token windows per distillation step")
     seq_len: int = option(128, "tokens per distillation window")
     lr: float = option(1e-4, "peak learning rate (cosine schedule after a linear warm-up)")
@@ -159,7 +161,16 @@ class KGWDistilled(WatermarkMethod):
     def build(self, model, tokenizer, documents, seed) -> None:
         self.greens = GreenLists.for_model(method_secret(self.name, seed), model, tokenizer, self.config.gamma)
         windows = training_windows(tokenizer, documents, self.config.seq_len)
+        start = time.perf_counter()
         student, self.losses = distill(model, windows, self.greens, self.config, seed)
+        tenth = max(1, len(self.losses) // 10)
+        log.info(
+            "distilled %d steps in %.0f s; KL to the teacher %.3f -> %.3f nats/token (first and last tenth)",
+            len(self.losses),
+            time.perf_counter() - start,
+            sum(self.losses[:tenth]) / tenth,
+            sum(self.losses[-tenth:]) / tenth,
+        )
         self.weights = {name: p.detach().cpu().clone() for name, p in student.named_parameters()}
         self.trained_delta = self.config.delta
 
