@@ -29,12 +29,12 @@ delta in {1.0, 1.25, 1.5, 1.75, 2.0} (2.0 for every other table): five distillat
 Budget. Full fine-tuning with AdamW; one step is a teacher forward plus a student forward and
 backward on ``batch_size`` windows of ``seq_len`` tokens. On an idle 2-core CPU (float32, batch
 4 x 128 tokens) SmolLM2-135M takes about 3.3 s a step (30 steps: 99 s, KL to the delta-2 teacher
-0.331 -> 0.297 nats/token, first and last tenth), so the default 100 steps (51k tokens) take about
-6 minutes; on the same CPU shared with other jobs a step took 24 to 30 s. That budget is small:
-the reference eval's student (100 steps, 200 completions of 200 tokens) is flagged at 1% FPR in
-only 5.5% of its texts (AUROC 0.76; benchmarks/results/eval/). Gu et al. distil for far longer on
-GPUs, so at this budget the baseline is much weaker than theirs; raise ``steps`` where time allows
-(about 1000 steps fit the hour the eval allows a key on this CPU).
+0.331 -> 0.297 nats/token, first and last tenth); on the same CPU shared with other jobs a step
+took 24 to 30 s. 100 steps (51k tokens, 6 minutes) taught the student little: its texts were
+flagged at 1% FPR in 5.5% of 200 completions of 200 tokens (AUROC 0.76). The default is therefore
+500 steps (256k tokens, about 28 minutes here), within the hour the issue allows a key. Gu et al.
+distil for far longer on GPUs, so the baseline stays weaker than theirs; raise ``steps`` where
+time allows.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _WEIGHT = "weight/"  # prefix of the student's parameters in key.safetensors
 @dataclass(frozen=True, kw_only=True)
 class KGWDistilledConfig(KGWLLRConfig):
     delta: float = option(2.0, "the teacher's logit bias on green tokens (the strength; one key per delta)")
-    steps: int = option(100, "distillation optimizer steps (about 6 min for SmolLM2-135M on 2 idle CPU cores)")
+    steps: int = option(500, "distillation optimizer steps (about 28 min for SmolLM2-135M on 2 idle CPU cores)")
     batch_size: int = option(4, "token windows per distillation step")
     seq_len: int = option(128, "tokens per distillation window")
     lr: float = option(1e-4, "peak learning rate (cosine schedule after a linear warm-up)")
