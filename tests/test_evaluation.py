@@ -266,3 +266,14 @@ def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
     assert not timings["complete"] and timings["total"] == 1.0
     later = pipeline.record_timings(tmp_path, "t1", {"generate": 2.0, "score": 0.5})
     assert later == {"stages": {"generate": 3.0, "score": 0.5}, "total": 3.5, "invocations": 2, "complete": False}
+
+
+def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_path):
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none")
+    pipeline.run_eval(cfg, tmp_path, progress=False)
+    recorded = tmp_path / "keys" / "openstamp-nosem" / "s0" / "settings.json"
+    settings = json.loads(recorded.read_text())
+    assert settings["n_lists"] == cfg.method_settings["openstamp-nosem"]["n_lists"]
+    recorded.write_text(json.dumps({**settings, "n_lists": settings["n_lists"] + 1}))  # as if a default had changed
+    with pytest.raises(ValueError, match="built with other openstamp-nosem settings \\(n_lists"):
+        pipeline.run_eval(cfg, tmp_path, progress=False)

@@ -6,7 +6,7 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
     run/
       config.json                 the resolved EvalConfig
       data/prompts.json           prompt and human-continuation token ids, document ids
-      keys/<method>/s<seed>/      each method's key
+      keys/<method>/s<seed>/      each method's key, and settings.json: a key built with other settings is refused
       generations/<run>/b*.json   completions, one file per batch
       scores/<run>.json           the run's detector on watermarked, human and unwatermarked text
       scores/lengths/<run>.json   the same on watermarked and human text cut to each of cfg.lengths
@@ -229,13 +229,23 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float |
     """Build a method's key for this seed (at ``strength`` for a key trained at one), or load it from the run."""
     method = configured(name, cfg, strength)
     directory = key_directory(out, cfg, name, seed, strength)
+    settings = json.loads(json.dumps(asdict(method.config)))
     if (directory / "done").exists():
+        built = directory / "settings.json"  # absent from runs begun before keys recorded their settings
+        if built.exists() and (stored := read_json(built, "key settings")) != settings:
+            changed = sorted(k for k in settings.keys() | stored.keys() if settings.get(k) != stored.get(k))
+            raise ValueError(
+                f"{directory} was built with other {name} settings ({', '.join(changed)}: "
+                f"{', '.join(f'{stored.get(k)!r} there, {settings.get(k)!r} now' for k in changed)}); "
+                "a default may have changed since: choose another --out, or move that method's files out of the run"
+            )
         method.load(directory)
         return method
     log.info("building the %s key for seed %d (%s)", name, seed, directory.parent.name)
     method.build(model, tokenizer, docs, seed)
     directory.mkdir(parents=True, exist_ok=True)
     method.save(directory)
+    atomic_write_json(directory / "settings.json", settings)
     (directory / "done").write_text("")
     return method
 
