@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -242,7 +243,9 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float |
         method.load(directory)
         return method
     log.info("building the %s key for seed %d (%s)", name, seed, directory.parent.name)
+    start = time.perf_counter()
     method.build(model, tokenizer, docs, seed)
+    log.info("built the %s key for seed %d in %.0f s", name, seed, time.perf_counter() - start)
     directory.mkdir(parents=True, exist_ok=True)
     method.save(directory)
     atomic_write_json(directory / "settings.json", settings)
