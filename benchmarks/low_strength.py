@@ -25,15 +25,12 @@ import copy
 import dataclasses
 import itertools
 
-from common import write_result
+from common import add_key_arguments, key_and_prompts, write_result
 
-from openstamp import load_documents, load_model, split_documents
 from openstamp.analysis.lists import key_states
-from openstamp.cli.common import numbers
-from openstamp.key.key import WatermarkKey
 from openstamp.key.selector import fit_selector
 from openstamp.patch import release_tied_head
-from openstamp.tune import TuneConfig, heldout_pairs, own_perplexity, probe
+from openstamp.tune import TuneConfig, own_perplexity, probe
 
 
 def variants(text: str) -> list[tuple[int, float]]:
@@ -44,19 +41,9 @@ def variants(text: str) -> list[tuple[int, float]]:
         raise argparse.ArgumentTypeError(f"variants are L:f pairs separated by commas, not {text!r}") from err
 
 
-def deltas(text: str) -> tuple:
-    try:
-        return numbers(text, "deltas")
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--key", default="runs/tune/key", help="a key of --model (openstamp tune or embed)")
-    parser.add_argument("--corpus", default="wikipedia")
-    parser.add_argument("--deltas", type=deltas, default=(0.5,), help="comma-separated strengths")
+    add_key_arguments(parser, (0.5,))
     parser.add_argument(
         "--variants",
         type=variants,
@@ -68,10 +55,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--states", type=int, default=24576)
     args = parser.parse_args()
-    key = WatermarkKey.load(args.key)
-    model, tokenizer = load_model(args.model)
     cfg = TuneConfig(tokens=args.tokens, n=args.n, fpr=0.01)
-    pairs = heldout_pairs(tokenizer, split_documents(load_documents(args.corpus), "heldout"), cfg)
+    key, model, tokenizer, pairs = key_and_prompts(args, cfg)
     original = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     tied_head = release_tied_head(key)
     z_train, z_held, _, selector = key_states(model, tokenizer, key, args.corpus, args.states)

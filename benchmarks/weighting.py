@@ -33,17 +33,16 @@ import dataclasses
 
 import numpy as np
 import torch
-from common import write_result
+from common import add_key_arguments, key_and_prompts, write_result
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from openstamp import DetectConfig, Detector, load_documents, load_model, split_documents
-from openstamp.cli.common import numbers
+from openstamp import DetectConfig, Detector
 from openstamp.generate import sample_completions
 from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.patch import apply_watermark, head, release_tied_head, revert_watermark
-from openstamp.tune import TuneConfig, clopper_pearson, heldout_pairs
+from openstamp.tune import TuneConfig, clopper_pearson
 
 
 @torch.inference_mode()
@@ -75,27 +74,15 @@ def text_scores(model, key: WatermarkKey, ids: list[int], chunk: int = 128) -> d
     }
 
 
-def deltas(text: str) -> tuple:
-    try:
-        return numbers(text, "deltas")
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--key", default="runs/tune/key", help="a key of --model (openstamp tune or embed)")
-    parser.add_argument("--corpus", default="wikipedia")
-    parser.add_argument("--deltas", type=deltas, default=(0.35, 0.5), help="comma-separated strengths")
+    add_key_arguments(parser, (0.35, 0.5))
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--alpha", type=float, default=0.01)
     args = parser.parse_args()
-    key = WatermarkKey.load(args.key)
-    model, tokenizer = load_model(args.model)
     cfg = TuneConfig(tokens=args.tokens, n=args.n, fpr=args.alpha)
-    pairs = heldout_pairs(tokenizer, split_documents(load_documents(args.corpus), "heldout"), cfg)
+    key, model, tokenizer, pairs = key_and_prompts(args, cfg)
     tied_head = release_tied_head(key)
     prompts = [p for p, _ in pairs]
     original = sample_completions(model, tokenizer, prompts, cfg.tokens, seed=cfg.seed, batch_size=cfg.batch_size)
