@@ -63,7 +63,12 @@ analyses() {
   done
 }
 edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
-quantize() { $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --out runs/quant; }
+quantize() {
+  $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --methods openstamp,openstamp-nosem,unremovable,gaussmark \
+    --out runs/quant
+  # the weight-level baseline added after that run, same settings (the README's columns merge both folders)
+  $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --methods kgw-distilled --out runs/quant-distilled
+}
 quantize_head() {
   # lm_head quantized too (transformers leaves it in full precision): the attack that reaches OpenStamp's offset
   $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --include-head --n 64 \
@@ -142,8 +147,9 @@ keep() {
   mkdir -p $KEEP/attacks
   if [ -f $EVAL/results.json ]; then cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/; fi
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
-  for dir in runs/edit runs/quant runs/quant-head runs/reinit runs/inversion runs/ft runs/ft-distilled runs/para \
-    runs/para-baselines runs/merge runs/prune runs/prune-magnitude runs/prune-head runs/instruct; do
+  for dir in runs/edit runs/quant runs/quant-distilled runs/quant-head runs/reinit runs/inversion runs/ft \
+    runs/ft-distilled runs/para runs/para-baselines runs/merge runs/prune runs/prune-magnitude runs/prune-head \
+    runs/instruct; do
     if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
   done
 }

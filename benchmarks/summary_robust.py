@@ -17,8 +17,9 @@ def _stale(attack: dict) -> str:
         return ""
     return (
         " Run before tied models were re-tied, against an earlier eval run's untied OpenStamp releases, and not "
-        "re-run since: " + ", ".join(f"{name} ({day})" for name, day in old) + "; methods that eval did not have "
-        "are '-' in those columns."
+        "re-run since: " + ", ".join(f"{name} ({day})" for name, day in old) + "; where a later run with the same "
+        "settings (a folder named like it, with a suffix) shares the column, its methods' rows are current; "
+        "methods neither run had are '-'."
     )
 
 
@@ -43,17 +44,22 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
         columns.append(("none", n, {s["method"]: cell(s, "tpr_at_1pct_fpr_before") for s in rows}))
         label = f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted tokens"
         columns.append((label, n, {s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in rows}))
-    for name, suffix in (("quant", ""), ("quant-head", " incl. lm_head")):
-        quant = attack.get(name, {})
+    # quant, quant-head, and quant-* folders that quantized methods added later: one column per scheme, backend
+    # and head (a method's newest result where two folders hold it)
+    quants: dict[tuple, dict] = {}
+    names = (k for k in attack if k == "quant" or k.startswith("quant-"))
+    for name in sorted(names, key=lambda k: attack[k]["created"]):
+        quant = attack[name]
         how = quant.get("quantization", {})  # per label: backend, head quantized (newer runs)
-        for label in dict.fromkeys(s["scheme"] for s in quant.get("summary", []) if s["scheme"] != "unquantized"):
+        for label in dict.fromkeys(s["scheme"] for s in quant["summary"] if s["scheme"] != "unquantized"):
             values = {s["method"]: cell(s) for s in quant["summary"] if s["scheme"] == label}
             if label in how:
                 head = "lm_head quantized" if how[label]["head_quantized"] else "float lm_head"
                 title = f"{label.upper()} ({how[label]['backend']}, {head})"
             else:
-                title = f"{label.upper()}{suffix} (simulated)"
-            columns.append((title, quant.get("n"), values))
+                title = f"{label.upper()}{' incl. lm_head' if name == 'quant-head' else ''} (simulated)"
+            quants.setdefault((title, quant.get("n")), {}).update(values)
+    columns += [(title, n, values) for (title, n), values in quants.items()]
     # para, and para-* folders that paraphrased methods added later with the same settings: one column each
     # (paraphraser, prompt, n), a method's newest result where two folders hold it
     paras: dict[tuple, dict] = {}
@@ -64,11 +70,14 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
     for (paraphraser, prompt, n), values in paras.items():
         label = f"paraphrased ({paraphraser}{'' if prompt == 'paper' else f', {prompt} prompt'})"
         columns.append((label, n, values))
-    if "ft" in attack:
-        ft = attack["ft"]
+    # ft, and ft-* folders (the fade run) with the same settings: one column per (mode, steps, n), newest first
+    fts: dict[tuple, dict] = {}
+    for name in sorted((k for k in attack if k == "ft" or k.startswith("ft-")), key=lambda k: attack[k]["created"]):
+        ft = attack[name]
         last = max(s["step"] for s in ft["summary"])
         label = f"{ft['settings']['mode']} fine-tuning, {last} steps"
-        columns.append((label, ft["n"], {s["method"]: cell(s) for s in ft["summary"] if s["step"] == last}))
+        fts.setdefault((label, ft["n"]), {}).update({s["method"]: cell(s) for s in ft["summary"] if s["step"] == last})
+    columns += [(label, n, values) for (label, n), values in fts.items()]
     columns += _weight_attack_columns(attack)
     methods = list(dict.fromkeys(m for _, _, values in columns for m in values))
     rows = [
