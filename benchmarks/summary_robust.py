@@ -23,6 +23,12 @@ def _stale(attack: dict) -> str:
     )
 
 
+def _family(attack: dict, name: str) -> list[tuple[str, dict]]:
+    """The results of attack ``name`` and of its ``name-*`` folders, oldest first."""
+    names = sorted((k for k in attack if k == name or k.startswith(f"{name}-")), key=lambda k: attack[k]["created"])
+    return [(k, attack[k]) for k in names]
+
+
 def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`") -> list[str]:
     """TPR@1%FPR of every method after each attack (one table), then the head re-training and S inversion.
 
@@ -44,40 +50,30 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
         columns.append(("none", n, {s["method"]: cell(s, "tpr_at_1pct_fpr_before") for s in rows}))
         label = f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted tokens"
         columns.append((label, n, {s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in rows}))
-    # quant, quant-head, and quant-* folders that quantized methods added later: one column per scheme, backend
-    # and head (a method's newest result where two folders hold it)
-    quants: dict[tuple, dict] = {}
-    names = (k for k in attack if k == "quant" or k.startswith("quant-"))
-    for name in sorted(names, key=lambda k: attack[k]["created"]):
-        quant = attack[name]
+    # quant, para and ft, each with its <name>-* folders (quant-head; methods attacked later with the same settings):
+    # one column per setting, a method's newest result where two folders hold it
+    merged: dict[tuple, dict] = {}  # (label, n) -> {method: cell}
+    for name, quant in _family(attack, "quant"):
         how = quant.get("quantization", {})  # per label: backend, head quantized (newer runs)
         for label in dict.fromkeys(s["scheme"] for s in quant["summary"] if s["scheme"] != "unquantized"):
-            values = {s["method"]: cell(s) for s in quant["summary"] if s["scheme"] == label}
             if label in how:
                 head = "lm_head quantized" if how[label]["head_quantized"] else "float lm_head"
                 title = f"{label.upper()} ({how[label]['backend']}, {head})"
             else:
                 title = f"{label.upper()}{' incl. lm_head' if name == 'quant-head' else ''} (simulated)"
-            quants.setdefault((title, quant.get("n")), {}).update(values)
-    columns += [(title, n, values) for (title, n), values in quants.items()]
-    # para, and para-* folders that paraphrased methods added later with the same settings: one column each
-    # (paraphraser, prompt, n), a method's newest result where two folders hold it
-    paras: dict[tuple, dict] = {}
-    for name in sorted((k for k in attack if k == "para" or k.startswith("para-")), key=lambda k: attack[k]["created"]):
-        para = attack[name]
-        how = (para["settings"]["paraphraser"], para["settings"].get("prompt", "paper"), para["settings"]["n"])
-        paras.setdefault(how, {}).update({s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in para["summary"]})
-    for (paraphraser, prompt, n), values in paras.items():
-        label = f"paraphrased ({paraphraser}{'' if prompt == 'paper' else f', {prompt} prompt'})"
-        columns.append((label, n, values))
-    # ft, and ft-* folders (the fade run) with the same settings: one column per (mode, steps, n), newest first
-    fts: dict[tuple, dict] = {}
-    for name in sorted((k for k in attack if k == "ft" or k.startswith("ft-")), key=lambda k: attack[k]["created"]):
-        ft = attack[name]
+            values = {s["method"]: cell(s) for s in quant["summary"] if s["scheme"] == label}
+            merged.setdefault((title, quant.get("n")), {}).update(values)
+    for _, para in _family(attack, "para"):
+        prompt = para["settings"].get("prompt", "paper")
+        label = f"paraphrased ({para['settings']['paraphraser']}{'' if prompt == 'paper' else f', {prompt} prompt'})"
+        values = {s["method"]: cell(s, "tpr_at_1pct_fpr_after") for s in para["summary"]}
+        merged.setdefault((label, para["settings"]["n"]), {}).update(values)
+    for _, ft in _family(attack, "ft"):
         last = max(s["step"] for s in ft["summary"])
         label = f"{ft['settings']['mode']} fine-tuning, {last} steps"
-        fts.setdefault((label, ft["n"]), {}).update({s["method"]: cell(s) for s in ft["summary"] if s["step"] == last})
-    columns += [(label, n, values) for (label, n), values in fts.items()]
+        values = {s["method"]: cell(s) for s in ft["summary"] if s["step"] == last}
+        merged.setdefault((label, ft["n"]), {}).update(values)
+    columns += [(label, n, values) for (label, n), values in merged.items()]
     columns += _weight_attack_columns(attack)
     methods = list(dict.fromkeys(m for _, _, values in columns for m in values))
     rows = [
