@@ -184,6 +184,9 @@ def test_saved_keys_carry_fingerprints_for_the_base_model(finished_run, model_di
 
 
 def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
+    from openstamp.evaluation.lengths import lengths_path
+    from openstamp.storage import read_json
+
     out, results, methods = finished_run
     assert (out / "length_curve.png").exists()
     assert "## Detection against length" in (out / "report.md").read_text()
@@ -194,6 +197,8 @@ def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
         assert full["tpr_at_1pct_fpr"] == m["tpr_at_1pct_fpr"] and full["auroc"] == pytest.approx(m["auroc"])
         assert full["flagged_at_p_0.01"] == m.get("flagged_at_p_0.01")
         assert curve[0]["scored_tokens"] < full["scored_tokens"]  # the cut texts are shorter (re-tokenised)
+        assert curve[0]["auroc"] is not None  # the 16-token texts were scored, not refused as too short
+        assert read_json(lengths_path(out, run["run"]))["16"]["ids"] == 17  # 16 scored tokens after the first
     assert {(r["method"], r["tokens"]) for r in results["length_curve"]} == {(m, t) for m in methods for t in (16, 32)}
 
 
@@ -212,6 +217,35 @@ def test_length_curve_maths():
     watermarked[-1] = record(1.0, 0.9)
     rows = curve({"10": {"watermarked": watermarked, "human": human}})
     assert rows[0]["flagged_at_p_0.01"] == 0.5 and rows[0]["human_flagged_at_p_0.01"] == 0.0
+
+
+def test_lengths_cached_with_another_cut_are_scored_again(tmp_path):
+    from openstamp.evaluation.lengths import lengths_path, score_lengths
+    from openstamp.methods.base import MethodScore
+
+    class Tokenizer:
+        def batch_decode(self, ids, skip_special_tokens):
+            return [" ".join(map(str, x)) for x in ids]
+
+    class Method:  # scores every token but the first, as the detectors do
+        def __init__(self):
+            self.seen = []
+
+        def score(self, model, tokenizer, texts, batch):
+            self.seen += texts
+            return [MethodScore(float(len(t.split())), None, len(t.split()) - 1) for t in texts]
+
+    ids = [list(range(40))] * 2
+    path = lengths_path(tmp_path, "m@1/s0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"16": {"watermarked": [], "human": []}}))  # cut to 16 ids before: 15 scored
+    method = Method()
+    score_lengths(tmp_path, "m@1/s0", method, None, Tokenizer(), ids, ids, [16, 32], 8)
+    stored = json.loads(path.read_text())
+    assert {n: stored[n]["ids"] for n in stored} == {"16": 17, "32": 33}
+    assert [r["n_tokens"] for r in stored["16"]["watermarked"]] == [16, 16]
+    score_lengths(tmp_path, "m@1/s0", method, None, Tokenizer(), ids, ids, [16, 32], 8)
+    assert len(method.seen) == 8  # the second call found every length cached: nothing scored again
 
 
 def test_a_run_written_before_a_new_setting_still_resumes(tmp_path):

@@ -1,9 +1,11 @@
 """Detection against length: each run's detector on its completions cut to 16, 32, 64, ... tokens.
 
 A model owner asks how much text a detector needs. For each length L in ``EvalConfig.lengths``
-below ``new_tokens`` (the eval's own scores are the full length), the first L token ids of
+below ``new_tokens`` (the eval's own scores are the full length), the first L + 1 token ids of
 every watermarked completion and of every human continuation are decoded and scored, as the
-full texts are, so the negatives have the same length as the positives. Per run and length:
+full texts are, so the negatives have the same length as the positives. L counts scored tokens:
+a detector scores every token but the first, which has no context (so the full-length row
+scores ``new_tokens`` - 1). Per run and length:
 
 * ``tpr_at_1pct_fpr``: TPR with the threshold at 1% FPR of the human texts of that length
   (resolution-limited below 100 negatives, as everywhere);
@@ -11,7 +13,8 @@ full texts are, so the negatives have the same length as the positives. Per run 
   that give p-values (None otherwise), and ``human_flagged_at_p_0.01``, its false-positive rate;
 * ``auroc`` against the human texts, and ``scored_tokens``: the median tokens the detector scored.
 
-The scores are cached in ``scores/lengths/<run>.json``, one file per run.
+The scores are cached in ``scores/lengths/<run>.json``, one file per run; each length records the
+ids it cut (``ids``), and a length cached with another cut is scored again.
 """
 
 from __future__ import annotations
@@ -35,16 +38,18 @@ def lengths_path(out: Path, run: str) -> Path:
 
 
 def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, human, lengths, batch) -> None:
-    """Score the first L ids of the watermarked and human token lists for every L; cached per run."""
+    """Score the first L + 1 ids of the watermarked and human token lists for every L; cached per run and length."""
     path = lengths_path(out, run)
-    if path.exists() or not lengths:
+    scores = read_json(path, "length scores") if path.exists() else {}
+    todo = [n for n in lengths if scores.get(str(n), {}).get("ids") != n + 1]
+    if not todo:
         return
-    scores = {}
-    for n in lengths:
-        scores[str(n)] = {}
+    for n in todo:
+        entry = {"ids": n + 1}
         for name, ids in (("watermarked", watermarked), ("human", human)):
-            texts = tokenizer.batch_decode([x[:n] for x in ids], skip_special_tokens=True)
-            scores[str(n)][name] = [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
+            texts = tokenizer.batch_decode([x[: n + 1] for x in ids], skip_special_tokens=True)
+            entry[name] = [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
+        scores[str(n)] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, scores)
 

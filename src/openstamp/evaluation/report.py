@@ -129,7 +129,8 @@ def length_table(results: dict) -> list[str]:
     tokens = sorted({r["tokens"] for r in rows})
     lines = [
         "Each cell: TPR@1%FPR against human text cut to the same length (fraction of watermarked texts "
-        "flagged at p <= 0.01, where the method gives p-values). Columns: tokens kept of each text.",
+        "flagged at p <= 0.01, where the method gives p-values). Columns: tokens scored in each text (it is "
+        "cut to one token more: the first is context); the last column is the whole completion.",
         "",
         "| method | strength | " + " | ".join(str(t) for t in tokens) + " |",
         "|---|---:|" + "---:|" * len(tokens),
