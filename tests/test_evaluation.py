@@ -213,10 +213,12 @@ def test_length_curve_maths():
     human = [record(float(x), 0.5) for x in range(100)]  # 1% FPR threshold: 98 (one score above it)
     watermarked = [record(99.5, 0.001), record(98.5, 0.001), record(50.0, 0.2), record(None, None)]
     rows = curve({"10": {"watermarked": watermarked, "human": human}})
-    assert rows[0]["tpr_at_1pct_fpr"] == 0.5 and rows[0]["flagged_at_p_0.01"] is None  # one text has no p-value
-    watermarked[-1] = record(1.0, 0.9)
+    assert rows[0]["tpr_at_1pct_fpr"] == 0.5 and rows[0]["flagged_at_p_0.01"] == 0.5  # the refused text: not flagged
+    watermarked[-1] = record(1.0, 0.001)
     rows = curve({"10": {"watermarked": watermarked, "human": human}})
-    assert rows[0]["flagged_at_p_0.01"] == 0.5 and rows[0]["human_flagged_at_p_0.01"] == 0.0
+    assert rows[0]["flagged_at_p_0.01"] == 0.75 and rows[0]["human_flagged_at_p_0.01"] == 0.0
+    no_p = [{**r, "p_value": None} for r in watermarked + human]  # a method without p-values
+    assert curve({"10": {"watermarked": no_p[:4], "human": no_p[4:]}})[0]["flagged_at_p_0.01"] is None
 
 
 def test_lengths_cached_with_another_cut_are_scored_again(tmp_path):

@@ -9,8 +9,9 @@ scores ``new_tokens`` - 1). Per run and length:
 
 * ``tpr_at_1pct_fpr``: TPR with the threshold at 1% FPR of the human texts of that length
   (resolution-limited below 100 negatives, as everywhere);
-* ``flagged_at_p_0.01``: the fraction of watermarked texts whose p-value is <= 0.01, for methods
-  that give p-values (None otherwise), and ``human_flagged_at_p_0.01``, its false-positive rate;
+* ``flagged_at_p_0.01``: the fraction of watermarked texts whose p-value is <= 0.01 (a text the
+  detector refuses as too short is not flagged), for methods that give p-values (None otherwise),
+  and ``human_flagged_at_p_0.01``, its false-positive rate;
 * ``auroc`` against the human texts, and ``scored_tokens``: the median tokens the detector scored.
 
 The scores are cached in ``scores/lengths/<run>.json``, one file per run; each length records the
@@ -60,9 +61,10 @@ def curve(scores: dict) -> list[dict]:
     for n, sets in sorted(scores.items(), key=lambda item: int(item[0])):
         pos = np.array([-np.inf if r["score"] is None else r["score"] for r in sets["watermarked"]])
         neg = np.array([r["score"] for r in sets["human"] if r["score"] is not None], dtype=np.float64)
-        p_pos = [r["p_value"] for r in sets["watermarked"]]
+        # a text the detector refused (too short after re-tokenising) is not flagged, as its score is -inf
+        p_pos = [1.0 if r["p_value"] is None else r["p_value"] for r in sets["watermarked"]]
         p_neg = [r["p_value"] for r in sets["human"] if r["p_value"] is not None]
-        has_p = all(p is not None for p in p_pos)
+        has_p = any(r["p_value"] is not None for r in sets["watermarked"] + sets["human"])
         rows.append(
             {
                 "tokens": int(n),

@@ -45,8 +45,9 @@ def detection_metrics(scores: dict) -> dict:
         out[name] = t["tpr"]
         out[f"{name}_resolution_limited"] = t["resolution_limited"]
     out["tpr_at_1pct_fpr_vs_unwatermarked"] = tpr_at_fpr(pos, unwm, 0.01)["tpr"]
-    p_values = [r["p_value"] for r in scores["watermarked"]]
-    if all(p is not None for p in p_values):
+    # a method that gives p-values; a text it refused as too short is not flagged
+    if any(r["p_value"] is not None for r in scores["watermarked"]):
+        p_values = [1.0 if r["p_value"] is None else r["p_value"] for r in scores["watermarked"]]
         out["flagged_at_p_0.01"] = float(np.mean(np.array(p_values) <= 0.01))
         for negatives in ("human", "unwatermarked"):  # the false-positive rate of the p-value's decision
             out[f"{negatives}_flagged_at_p_0.01"] = float(
