@@ -54,8 +54,9 @@ def strength_sweep(r: dict) -> list[str]:
         f"Costs: the model's own perplexity on the human continuations ({original:.2f} unwatermarked) and lm-eval "
         f"accuracy on the local tasks ({c['downstream_limit']} items each; the original model: "
         + ", ".join(f"{t} {a:.3f}" for t, a in r.get("downstream_original", {}).items())
-        + "), as the paired change [95% CI]. A '-' marks a length the detector refuses: fewer scored tokens than "
-        "its `min_tokens` (16; the first token of a text without BOS is context, not scored).",
+        + "), as the paired change [95% CI]. Lengths count scored tokens: each text is cut to one token more, "
+        "since the first token of a text without BOS is context, not scored. A '-' marks a length the detector "
+        "refuses (fewer scored tokens than its `min_tokens`, 16).",
         "",
         "| delta | "
         + " | ".join(f"TPR {t} tok" for t in tokens)
