@@ -1,6 +1,6 @@
 import pytest
 
-from openstamp.storage import atomic_directory, atomic_write_json, check_can_write, read_json
+from openstamp.storage import atomic_directory, atomic_write_json, changed_settings, check_can_write, read_json
 
 
 def test_directory_appears_only_when_complete(tmp_path):
@@ -49,3 +49,15 @@ def test_json_round_trip_and_corruption(tmp_path):
     (tmp_path / "b.json").write_text("{")
     with pytest.raises(ValueError, match="corrupt"):
         read_json(tmp_path / "b.json")
+
+
+def test_changed_settings_names_each_differing_field(tmp_path):
+    path = tmp_path / "settings.json"
+    assert changed_settings(path, {"a": 1}, "settings") == ""  # nothing stored yet
+    atomic_write_json(path, {"a": 1, "grid": [1, 2]})
+    assert changed_settings(path, {"a": 1, "grid": (1, 2)}, "settings") == ""  # compared as JSON
+    assert changed_settings(path, {"a": 2, "grid": (1, 2)}, "settings") == "a: 1 there, 2 now"
+    wanted = {"a": 1, "grid": (1, 2), "new": 0}  # a field added since the file was written
+    assert changed_settings(path, wanted, "settings") == "new: None there, 0 now"
+    assert changed_settings(path, wanted, "settings", defaults={"new": 0}) == ""  # at its default: a match
+    assert changed_settings(path, wanted, "settings", defaults={"new": 5}) == "new: 5 there, 0 now"

@@ -1,4 +1,5 @@
-"""Atomic writes: everything is written to a temporary sibling, then renamed into place."""
+"""Atomic writes: everything is written to a temporary sibling, then renamed into place; and the
+settings a folder recorded, compared with the wanted ones."""
 
 from __future__ import annotations
 
@@ -90,3 +91,18 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{what} {path} is corrupt: {err}") from err
+
+
+def changed_settings(path: str | os.PathLike, wanted: dict, what: str, defaults: dict | None = None) -> str:
+    """How the settings stored in ``path`` differ from ``wanted``: '' where they match or ``path`` is absent.
+
+    Both sides are compared as JSON (tuples are lists there); a field missing from the stored
+    settings takes its value from ``defaults`` (a field added since, at its default, still matches).
+    Each differing field reads 'name: stored value there, wanted value now'.
+    """
+    if not Path(path).exists():
+        return ""
+    stored = {**json.loads(json.dumps(defaults or {})), **read_json(path, what)}
+    wanted = json.loads(json.dumps(wanted))
+    changed = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
+    return "; ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)

@@ -29,7 +29,7 @@ from openstamp.config import EvalConfig
 from openstamp.evaluation.pipeline import configured, key_directory
 from openstamp.evaluation.results import detection_metrics, load_generations
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
-from openstamp.storage import atomic_write_json, read_json
+from openstamp.storage import atomic_write_json, changed_settings, read_json
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +162,10 @@ def prepare_out(out: Path, settings: dict) -> None:
     """Create ``out`` and record the settings; refuse a folder that holds an attack with others."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "settings.json"
-    settings = json.loads(json.dumps(settings))
-    if path.exists() and read_json(path, "attack settings") != settings:
-        raise ValueError(f"{out} holds an attack with different settings; choose another --out or delete it")
+    if changed := changed_settings(path, settings, "attack settings"):
+        raise ValueError(
+            f"{out} holds an attack with different settings ({changed}); choose another --out or delete it"
+        )
     atomic_write_json(path, settings)
 
 

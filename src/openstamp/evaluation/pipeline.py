@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import logging
 import time
 from dataclasses import asdict
@@ -35,7 +34,7 @@ from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.models import load_model
 from openstamp.monitor import add_seconds
-from openstamp.storage import atomic_write_json, read_json
+from openstamp.storage import atomic_write_json, changed_settings, read_json
 from openstamp.text import prompt_windows
 
 log = logging.getLogger(__name__)
@@ -167,13 +166,9 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
     """Refuse a run directory written with other settings; a field added since, at its default, still matches."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
-    wanted = json.loads(json.dumps(asdict(cfg)))
-    if path.exists():
-        stored = read_json(path, "run config")
-        defaults = json.loads(json.dumps(asdict(EvalConfig())))
-        stored.update({k: v for k, v in defaults.items() if k not in stored})
-        if stored != wanted:
-            raise ValueError(f"{out} holds a run with different settings; choose another --out or delete it")
+    wanted = asdict(cfg)
+    if changed := changed_settings(path, wanted, "run config", asdict(EvalConfig())):
+        raise ValueError(f"{out} holds a run with different settings ({changed}); choose another --out or delete it")
     atomic_write_json(path, wanted)
 
 
@@ -230,15 +225,13 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float |
     """Build a method's key for this seed (at ``strength`` for a key trained at one), or load it from the run."""
     method = configured(name, cfg, strength)
     directory = key_directory(out, cfg, name, seed, strength)
-    settings = json.loads(json.dumps(asdict(method.config)))
+    settings = asdict(method.config)
     if (directory / "done").exists():
-        built = directory / "settings.json"  # absent from runs begun before keys recorded their settings
-        if built.exists() and (stored := read_json(built, "key settings")) != settings:
-            changed = sorted(k for k in settings.keys() | stored.keys() if settings.get(k) != stored.get(k))
+        # settings.json is absent from runs begun before keys recorded their settings: nothing to compare
+        if changed := changed_settings(directory / "settings.json", settings, "key settings"):
             raise ValueError(
-                f"{directory} was built with other {name} settings ({', '.join(changed)}: "
-                f"{', '.join(f'{stored.get(k)!r} there, {settings.get(k)!r} now' for k in changed)}); "
-                "a default may have changed since: choose another --out, or move that method's files out of the run"
+                f"{directory} was built with other {name} settings ({changed}); a default may have changed since: "
+                "choose another --out, or move that method's files out of the run"
             )
         method.load(directory)
         return method
