@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 import torch
-from scipy.stats import beta as beta_dist
 from scipy.stats import chi2
 
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
+from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
@@ -118,13 +118,6 @@ def score_source(model, tokenizer, keys, texts, batch_size=16):
         for pe, tl in zip(rows["exact"], rows["tail"], strict=True)
     ]
     return rows
-
-
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    a = (1 - level) / 2
-    low = 0.0 if k == 0 else float(beta_dist.ppf(a, k, n - k + 1))
-    high = 1.0 if k == n else float(beta_dist.ppf(1 - a, k + 1, n - k))
-    return low, high
 
 
 def fpr_summary(pvalues: np.ndarray, alpha: float) -> dict:

@@ -39,6 +39,21 @@ cost() {
   mkdir -p benchmarks/results/cost
   cp $C/results.json $C/report.md $C/*.png benchmarks/results/cost/
 }
+sweep() {
+  # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, 4 strengths per method with the
+  # weakest below TPR 1, n 200 per point. Seeds are added one invocation at a time (a run may grow), so a stopped
+  # sweep keeps whole seeds. KGW-distilled is left out: one 28-min distillation per strength and seed.
+  local S=runs/sweep
+  local grids='grids={"openstamp": [0.25, 0.5, 0.75, 1.0], "openstamp-nosem": [0.25, 0.5, 0.75, 1.0],
+    "unremovable": [0.2, 0.4, 0.6, 0.8], "gaussmark": [0.1, 0.2, 0.3, 0.4], "kgw": [0.5, 1.0, 1.5, 2.0],
+    "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}'
+  for seeds in 0 0,1 0,1,2; do
+    $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir \
+      --sweep --set "$grids" --n 200 --new-tokens 64 --set lengths=16,32 --seeds $seeds --out $S
+    mkdir -p benchmarks/results/sweep
+    cp $S/results.json $S/report.md $S/*.png benchmarks/results/sweep/
+  done
+}
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
   # prompt independence on the durability eval; the LLR detector on Unremovable and GaussMark (their own eval)
@@ -109,6 +124,14 @@ paraphrase() {
   $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-1.5b --n 16 \
     --methods kgw-distilled,sir --out runs/para-baselines
 }
+paraphrase64() {
+  # the projection's effect under paraphrase: OpenStamp against no projection, n 64 each, the paper's prompt and the
+  # strong one, with the faster 0.5B paraphraser (about 9 s a paraphrase here, against 37 s for the 1.5B)
+  for prompt in strong paper; do
+    $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
+      --methods openstamp,openstamp-nosem --out runs/para64-$prompt
+  done
+}
 
 durability() {
   # the durability attacks on the current releases (re-tied OpenStamp, exact m): their own small eval (32 prompts,
@@ -148,14 +171,15 @@ keep() {
   if [ -f $EVAL/results.json ]; then cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/; fi
   if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
   for dir in runs/edit runs/quant runs/quant-distilled runs/quant-head runs/reinit runs/inversion runs/ft \
-    runs/ft-distilled runs/para runs/para-baselines runs/merge runs/prune runs/prune-magnitude runs/prune-head \
-    runs/instruct; do
+    runs/ft-distilled runs/para runs/para-baselines runs/para64-strong runs/para64-paper runs/merge runs/prune \
+    runs/prune-magnitude runs/prune-head runs/instruct; do
     if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
   done
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost durability analyses edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase)
+[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost sweep durability analyses edit quantize quantize_head reinit inversion
+  finetune fade merge prune instruct paraphrase paraphrase64)
 for stage in "${stages[@]}"; do
   fn=$stage
   [ "$stage" = eval ] && fn=eval_run

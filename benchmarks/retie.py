@@ -40,6 +40,7 @@ from openstamp import (
 )
 from openstamp.audit import audit
 from openstamp.corpus import fingerprint
+from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.generate import sample_completions
 from openstamp.models import resolve_model_path
 from openstamp.patch import apply_watermark, tied_head_mode
@@ -209,8 +210,6 @@ def main() -> None:
 
 def unwatermarked_fpr(detector, texts: Path, n: int) -> dict:
     """Flagged fractions at p <= 0.01 and 0.001 on the public base model's samples and human text."""
-    from fpr_scoring import clopper_pearson
-
     from openstamp.storage import read_json
 
     out = {}

@@ -38,11 +38,12 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from openstamp import DetectConfig, Detector
+from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.generate import sample_completions
 from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.patch import apply_watermark, head, release_tied_head, revert_watermark
-from openstamp.tune import TuneConfig, clopper_pearson
+from openstamp.tune import TuneConfig
 
 
 @torch.inference_mode()

@@ -18,12 +18,13 @@ from openstamp.attacks.common import open_eval, select_runs
 from openstamp.attacks.edits import EditConfig, edit_tokens, run_edit
 from openstamp.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
 from openstamp.attacks.inversion import InversionConfig, run_inversion
-from openstamp.attacks.paraphrase import ParaphraseConfig, request_ids, run_paraphrase
+from openstamp.attacks.paraphrase import ParaphraseConfig, real_paraphrases, request_ids, run_paraphrase
 from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
 from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit
 from openstamp.attacks.similarity import measure_quality, ngram_survival
 from openstamp.cli import app
 from openstamp.corpus import Document
+from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.evaluation.report import write_report
 from openstamp.patch import head
 
@@ -246,6 +247,24 @@ def test_paraphrase_attack_end_to_end(eval_dir, model_dir, tokenizer, tmp_path, 
     assert len(samples) == 12 and all(s["original"] != s["paraphrase"] for s in samples)
     section = _section_in_report(eval_dir, out)
     assert "TPR@1%FPR paraphrased" in section and "token 3-grams kept" in section
+    for run in results["runs"]:  # the tiny paraphraser rewrites everything, so no near-copy is excluded
+        assert run["real"]["n"] == 4 and run["real"]["tpr_at_1pct_fpr_after"] == run["tpr_at_1pct_fpr_after"]
+    assert "Near-copies excluded" in section
+
+
+def test_real_paraphrases_leave_out_near_copies():
+    human = [{"score": s, "p_value": None} for s in np.linspace(-1, 0, 100)]
+    eval_scores = {"human": human, "unwatermarked": human}
+    before = [{"score": 1.0, "p_value": None}] * 4
+    after = [{"score": s, "p_value": None} for s in (0.5, 0.4, -0.5, 0.9)]
+    survival = [0.1, 0.3, 0.2, 0.95]  # the last one is a near-copy: it stays flagged, and is not counted
+    real = real_paraphrases(before, after, eval_scores, survival, near_copy=0.8)
+    assert real["n"] == 3 and real["tpr_at_1pct_fpr_before"] == 1.0
+    assert real["tpr_at_1pct_fpr_after"] == pytest.approx(2 / 3)
+    assert real["mean_score_after"] == pytest.approx(0.4 / 3) and real["mean_score_before"] == 1.0
+    low, high = real["tpr_at_1pct_fpr_after_ci"]
+    assert low < 2 / 3 < high and (low, high) == pytest.approx(clopper_pearson(2, 3))
+    assert real_paraphrases(before, after, eval_scores, [0.9] * 4, near_copy=0.8) == {"n": 0}
 
 
 # -- re-initialised head, selector inversion ---------------------------------------------------

@@ -261,6 +261,19 @@ def test_a_run_written_before_a_new_setting_still_resumes(tmp_path):
         pipeline._check_config(EvalConfig(lengths=(32,)), tmp_path)
 
 
+def test_a_run_grows_by_seeds_and_methods_but_not_by_other_changes(tmp_path):
+    pipeline._check_config(EvalConfig(seeds=(0,), methods=("openstamp", "kgw")), tmp_path)
+    grown = EvalConfig(seeds=(0, 1, 2), methods=("openstamp", "kgw", "sir"))
+    pipeline._check_config(grown, tmp_path)  # accepted: seed 0's openstamp and kgw are re-used
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert stored["seeds"] == [0, 1, 2] and stored["methods"] == ["openstamp", "kgw", "sir"]
+    for other in (EvalConfig(seeds=(1, 2), methods=grown.methods), EvalConfig(seeds=(0, 1, 2), methods=("kgw",))):
+        with pytest.raises(ValueError, match="different settings"):  # dropping a seed or a method is a change
+            pipeline._check_config(other, tmp_path)
+    with pytest.raises(ValueError, match="n: 200 there, 100 now"):
+        pipeline._check_config(EvalConfig(seeds=(0, 1, 2, 3), methods=grown.methods, n=100), tmp_path)
+
+
 def test_a_killed_sweep_resumes_where_it_stopped(model_dir, corpus_file, tmp_path):
     """SIGKILL a real `openstamp eval --sweep` process mid-run; the rerun keeps every file it finished."""
     import os

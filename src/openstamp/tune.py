@@ -25,11 +25,11 @@ import logging
 import math
 from dataclasses import dataclass
 
-from scipy.stats import beta as beta_dist
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import check, option
 from openstamp.corpus import Document
+from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.key.key import WatermarkKey
 from openstamp.text import bos_prefix, prompt_windows
 
@@ -53,13 +53,6 @@ class TuneConfig:
         check(0 < self.target_tpr <= 1 and 0 < self.fpr < 1, "need 0 < target_tpr <= 1 and 0 < fpr < 1")
         check(0 < self.low < self.high, "need 0 < low < high")
         check(min(self.tokens, self.n, self.prompt_tokens, self.batch_size) >= 1 and self.steps >= 0, "sizes >= 1")
-
-
-def clopper_pearson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    a = (1 - level) / 2
-    low = 0.0 if hits == 0 else float(beta_dist.ppf(a, hits, n - hits + 1))
-    high = 1.0 if hits == n else float(beta_dist.ppf(1 - a, hits + 1, n - hits))
-    return low, high
 
 
 def heldout_pairs(tokenizer, documents: list[Document], cfg: TuneConfig) -> list[tuple[list[int], list[int]]]:

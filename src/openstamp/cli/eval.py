@@ -19,7 +19,7 @@ def evaluate(
     corpus: str | None = typer.Option(None, help="comma-separated prompt corpora (default news,wikipedia)"),
     key_corpus: str | None = typer.Option(None, help="corpus whose key half builds the keys (default wikipedia)"),
     n: int | None = typer.Option(None, help="prompts per method and seed (default 200)"),
-    seeds: str | None = typer.Option(None, help="comma-separated seeds (default 0)"),
+    seeds: str | None = typer.Option(None, help="comma-separated seeds (default 0); a run may add more later"),
     sweep: bool | None = typer.Option(None, "--sweep/--no-sweep", help="run every method over its strength grid"),
     oracle: str | None = typer.Option(None, help="perplexity oracle model, or 'none' (default gemma3-270m)"),
     top_p: float | None = typer.Option(None, help="nucleus sampling (1.0 default; 0.9 is the quality setting)"),

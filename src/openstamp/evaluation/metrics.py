@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import beta as beta_dist
 from scipy.stats import rankdata
 
 from openstamp.stats import threshold_at_fpr  # noqa: F401  (re-exported: TPR@FPR's threshold)
@@ -92,3 +93,11 @@ def bootstrap_ci(values, statistic=np.mean, n_boot: int = 2000, level: float = 0
     stats = [statistic(data[rng.integers(0, len(data), len(data))]) for _ in range(n_boot)]
     tail = (1 - level) / 2
     return float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail))
+
+
+def clopper_pearson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval of a rate ``hits / n`` (Clopper-Pearson): beta quantiles, (low, high)."""
+    a = (1 - level) / 2
+    low = 0.0 if hits == 0 else float(beta_dist.ppf(a, hits, n - hits + 1))
+    high = 1.0 if hits == n else float(beta_dist.ppf(1 - a, hits + 1, n - hits))
+    return low, high

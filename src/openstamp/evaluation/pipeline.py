@@ -162,12 +162,26 @@ def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: 
     }
 
 
+GROWS = ("seeds", "methods")  # a run may grow by these: what it already holds is re-used
+
+
 def _check_config(cfg: EvalConfig, out: Path) -> None:
-    """Refuse a run directory written with other settings; a field added since, at its default, still matches."""
+    """Refuse a run directory written with other settings; a field added since, at its default, still matches.
+
+    A run may grow: more seeds or more methods than the folder holds re-use every finished stage
+    (the new config is recorded); dropping one is a change like any other.
+    """
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
     wanted = asdict(cfg)
-    if changed := changed_settings(path, wanted, "run config", asdict(EvalConfig())):
+    compared = dict(wanted)
+    if path.exists():
+        stored = read_json(path, "run config")
+        for field in GROWS:
+            held = stored.get(field)
+            if isinstance(held, list) and set(held) <= set(wanted[field]):
+                compared[field] = held
+    if changed := changed_settings(path, compared, "run config", asdict(EvalConfig())):
         raise ValueError(f"{out} holds a run with different settings ({changed}); choose another --out or delete it")
     atomic_write_json(path, wanted)
 
