@@ -14,6 +14,7 @@ from pathlib import Path
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
 from summary_robust import RETIED_FROM, durability, robustness
+from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
 RESULTS = Path(__file__).parent / "results"
@@ -392,6 +393,9 @@ def render() -> str:
     cost = RESULTS / "cost" / "results.json"
     if cost.exists():
         out += strength_sweep(json.loads(cost.read_text())) + [""]
+    pareto = RESULTS / "sweep" / "results.json"
+    if pareto.exists():
+        out += sweep(json.loads(pareto.read_text()), pareto.parent) + [""]
     for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key), ("tail_check", tail_check)):
         result = load(name)
         if result is not None:

@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 import openstamp.evaluation.pipeline as pipeline
 from openstamp.cli import app
 from openstamp.config import EvalConfig
-from openstamp.evaluation.report import COLUMNS, _digits, fmt, shown_columns
+from openstamp.evaluation.metrics import METRICS
+from openstamp.evaluation.report import COLUMNS, fmt, shown_columns
 
 runner = CliRunner()
 METHODS = tuple(pipeline.REGISTRY)  # every registered method
@@ -88,11 +89,12 @@ def test_report_numbers_equal_results_json(finished_run):
         cells = [c.strip().rstrip(" †") for c in row.strip("|").split("|")][2:]
         columns = shown_columns(results)  # the registry's columns that hold a number (no downstream tasks here)
         assert len(columns) < len(COLUMNS) and not any("downstream" in key for _, key in columns)
-        expected = [fmt(s.get(key), _digits(key)) for _, key in columns]
+        expected = [fmt(s.get(key), key) for _, key in columns]
         assert cells == expected
         for cell, (_, key) in zip(cells, columns, strict=True):
-            if cell != "-":
-                assert float(cell) == pytest.approx(s[key]["mean"], abs=10 ** -_digits(key))
+            if cell != "-":  # a percentage cell is 100 x the fraction in results.json
+                scale = 100 if METRICS[key].percent else 1
+                assert float(cell.rstrip("%")) == pytest.approx(scale * s[key]["mean"], abs=10 ** -METRICS[key].digits)
 
 
 def test_every_method_detects_itself_on_the_tiny_model(finished_run):

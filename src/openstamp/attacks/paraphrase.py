@@ -236,6 +236,7 @@ def run_paraphrase(eval_dir: Path, out: Path, cfg: ParaphraseConfig, progress: b
         )
         before = attacked_metrics(eval_scores["watermarked"][:n], eval_scores)
         row = compare_row(run, before, attacked_metrics(scores, eval_scores))
+        row["generations"] = run["generations"]
         survival = quality[run["generations"]]["token_3gram_survival"]
         row["real"] = real_paraphrases(eval_scores["watermarked"][:n], scores, eval_scores, survival, cfg.near_copy)
         rows.append(row)

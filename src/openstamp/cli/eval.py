@@ -71,7 +71,7 @@ def evaluate(
 def print_summary(results: dict) -> None:
     from rich.table import Table
 
-    from openstamp.evaluation.report import _digits, fmt, shown_columns
+    from openstamp.evaluation.report import fmt, shown_columns
 
     table = Table(title="detection and quality (mean ± sd over seeds)")
     table.add_column("method")
@@ -80,5 +80,5 @@ def print_summary(results: dict) -> None:
     for name, _ in columns:
         table.add_column(name, justify="right")
     for s in results["summary"]:
-        table.add_row(s["method"], f"{s['strength']:g}", *(fmt(s.get(k), _digits(k)) for _, k in columns))
+        table.add_row(s["method"], f"{s['strength']:g}", *(fmt(s.get(k), k) for _, k in columns))
     out.print(table)

@@ -19,7 +19,8 @@ from openstamp.stats import threshold_at_fpr  # noqa: F401  (re-exported: TPR@FP
 @dataclass(frozen=True)
 class Metric:
     """One reported number: ``summary`` puts it in the per-method table; ``attack`` in before/after tables;
-    ``cost_axis`` makes it an x axis of the Pareto plot and comparison (a quality cost: higher is worse)."""
+    ``cost_axis`` makes it an x axis of the Pareto plot and comparison (a quality cost: higher is worse);
+    ``percent`` shows a relative change as a signed percentage (0.6 -> +60.0%)."""
 
     name: str
     label: str
@@ -29,6 +30,11 @@ class Metric:
     summary: bool = True
     attack: bool = False
     cost_axis: bool = False
+    percent: bool = False
+
+    def text(self, value: float) -> str:
+        """The value as reports print it: ``digits`` decimals, or a signed percentage."""
+        return f"{100 * value:+.{self.digits}f}%" if self.percent else f"{value:.{self.digits}f}"
 
 
 def _registry(*metrics: Metric) -> dict[str, Metric]:
@@ -41,7 +47,7 @@ METRICS = _registry(
     Metric("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "tpr_at_fpr(watermarked, human, 0.001)", True),
     Metric("auroc_vs_unwatermarked", "AUROC vs unwm.", "auroc(watermarked, unwatermarked)", True),
     Metric("own_ppl", "own PPL", "own_perplexity(model, human continuations)", False, 1),
-    Metric("own_ppl_change", "own PPL change", "own_ppl / original model's own_ppl - 1", False, 3, cost_axis=True),
+    Metric("own_ppl_change", "own PPL change", "own_ppl / original's - 1", False, 1, cost_axis=True, percent=True),
     Metric("downstream_acc", "downstream acc", "mean lm-eval accuracy over EvalConfig.downstream's tasks", True),
     Metric("downstream_change", "downstream change", "downstream_acc - the original model's, same items", True),
     Metric("ppl_mean", "PPL mean", "mean oracle perplexity of the completions", False, 1, cost_axis=True),

@@ -19,17 +19,13 @@ from openstamp.storage import atomic_write_text, read_json
 COLUMNS = [(m.label, m.name) for m in METRICS.values() if m.summary]
 
 
-def fmt(stat: dict | None, digits: int = 3) -> str:
-    """``mean`` or ``mean ± sd`` (several seeds); '-' when missing."""
+def fmt(stat: dict | None, key: str | None = None) -> str:
+    """``mean`` or ``mean ± sd`` (several seeds) as the registry prints metric ``key``; '-' when missing."""
     if not stat or stat.get("mean") is None:
         return "-"
+    text = METRICS[key].text if key in METRICS else (lambda value: f"{value:.3f}")
     mean, sd = stat["mean"], stat.get("sd")
-    text = f"{mean:.{digits}f}"
-    return text if not sd else f"{text} ± {sd:.{digits}f}"
-
-
-def _digits(key: str) -> int:
-    return METRICS[key].digits if key in METRICS else 3
+    return text(mean) if not sd else f"{text(mean)} ± {text(sd).lstrip('+')}"
 
 
 def shown_columns(results: dict) -> list[tuple[str, str]]:
@@ -47,7 +43,7 @@ def summary_table(results: dict) -> list[str]:
     limited = any(r["metrics"].get("tpr_at_0.1pct_fpr_resolution_limited") for r in results["runs"])
     keys = [key for _, key in columns]
     for s in results["summary"]:
-        cells = [fmt(s.get(key), _digits(key)) for key in keys]
+        cells = [fmt(s.get(key), key) for key in keys]
         if limited and "tpr_at_0.1pct_fpr" in keys:
             cells[keys.index("tpr_at_0.1pct_fpr")] += " †"
         rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
@@ -159,7 +155,7 @@ def pareto_table(results: dict) -> list[str]:
                 cells = [
                     f"{r['strength']:g}: {r['verdict']} ({r['tpr']:.3f}"
                     + ("" if r["baseline_tpr"] is None else f" vs {r['baseline_tpr']:.3f}")
-                    + f" at {r['cost']:.3g})"
+                    + f" at {METRICS[cost].text(r['cost'])})"
                     for r in compare(summary, method, baseline, cost, n)
                 ]
                 lines.append(f"| {METRICS[cost].label} | {method} | {baseline} | " + "; ".join(cells) + " |")
@@ -283,7 +279,14 @@ def _plots(out: Path, results: dict) -> list[str]:
         for ax, cost in zip(axes.flat, axes_shown, strict=True):
             for method in dict.fromkeys(s["method"] for s in results["summary"]):
                 pts = points(results["summary"], method, cost)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
+                sd = {  # error bars: the sd over seeds of both coordinates (0 with one seed)
+                    s["strength"]: [(s.get(k) or {}).get("sd") or 0.0 for k in (cost, "tpr_at_1pct_fpr")]
+                    for s in results["summary"]
+                    if s["method"] == method
+                }
+                x, y, strength = zip(*pts, strict=True) if pts else ((), (), ())
+                xerr, yerr = [sd[t][0] for t in strength], [sd[t][1] for t in strength]
+                ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o-", capsize=2, label=method)
             unwm = results["references"].get(f"unwatermarked/s{results['config']['seeds'][0]}", {})
             if cost == "ppl_mean" and "ppl_mean" in unwm:
                 ax.axvline(unwm["ppl_mean"], color="k", ls=":", lw=1, label="unwatermarked")

@@ -1,0 +1,73 @@
+"""The README's Pareto sweep (the paper's Figure 2): benchmarks/results/sweep/results.json."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from openstamp.evaluation.pareto import compare, points
+from openstamp.evaluation.report import fmt, pareto_table
+
+
+def sweep(r: dict, folder: Path) -> list[str]:
+    """Per method and strength: TPR at each length, its own-perplexity cost; then the point-by-point verdicts."""
+    c = r["config"]
+    seeds = ", ".join(map(str, c["seeds"]))
+    curve = r.get("length_curve", [])
+    tokens = sorted({row["tokens"] for row in curve})
+    full = max(tokens, default=c["new_tokens"])
+    scored = max((row["scored_tokens"] for row in curve if row["tokens"] == full), default=full)
+    original = r["references"]["human"].get("own_ppl_original")
+    rows = [
+        f"The Pareto sweep (`bash benchmarks/reference_runs.sh sweep`; the paper's Figure 2): {len(c['methods'])} "
+        f"methods at the strengths below, chosen so that the weakest falls below TPR 1; {c['n']} held-out prompts of "
+        f"{c['prompt_tokens']} tokens per point and seed, {c['new_tokens']} new tokens, seeds {seeds} (a key and a "
+        "sample per seed). TPR@1%FPR against human text cut to the same length (mean over seeds; the full-length "
+        f"column, {scored:g} scored tokens, with its sd over seeds), and the cost: the model's own perplexity on the "
+        f"human continuations ({original:.2f} unwatermarked; decode-time methods under their logits processor) "
+        f"and the oracle's (`{c['oracle']}`) perplexity of the completions. KGW-distilled is not in the sweep "
+        "(one 28-minute distillation per strength and seed on this CPU).",
+        "",
+        "| method | strength | "
+        + " | ".join(f"TPR {t} tok" for t in tokens[:-1])
+        + f" | TPR full ({scored:g} tok) | own PPL change | oracle PPL |",
+        "|---|---:|" + "---:|" * (len(tokens) + 2),
+    ]
+    for s in r["summary"]:
+        at = {row["tokens"]: row for row in curve if (row["method"], row["strength"]) == (s["method"], s["strength"])}
+        cells = [_cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens[:-1]]
+        cells += [fmt(s.get("tpr_at_1pct_fpr")), fmt(s.get("own_ppl_change"), "own_ppl_change")]
+        cells.append(fmt(s.get("ppl_mean"), "ppl_mean"))
+        rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
+    for part in (_verdicts(r), pareto_table(r)):
+        rows += ["", *part] if part else []
+    plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
+    if plots:
+        rows += ["", " ".join(f"![{name}](benchmarks/results/sweep/{name})" for name in plots)]
+    return rows
+
+
+def _verdicts(r: dict, method: str = "openstamp", cost: str = "own_ppl_change") -> list[str]:
+    """How many of OpenStamp's strengths lie above, on or below each baseline's curve of TPR against own PPL."""
+    summary, n = r["summary"], r["config"]["n"] * len(r["config"]["seeds"])
+    baselines = [
+        m for m in dict.fromkeys(s["method"] for s in summary) if m != method and len(points(summary, m, cost)) > 1
+    ]
+    if not baselines:
+        return []
+    parts = []
+    for b in baselines:
+        counts = Counter(row["verdict"] for row in compare(summary, method, b, cost, n))
+        inside = ", ".join(f"{counts[v]} {v}" for v in ("above", "on", "below") if counts[v])
+        outside = sum(v for k, v in counts.items() if k not in ("above", "on", "below"))
+        parts.append(f"{b}: {inside or 'none inside its cost range'}" + (f" ({outside} outside it)" if outside else ""))
+    return [
+        f"Where {method} stands at full length, on own PPL change, against each baseline's curve (its "
+        f"strengths inside the baseline's cost range; 'on' within 1.96 binomial standard errors): "
+        + "; ".join(parts)
+        + "."
+    ]
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
