@@ -28,9 +28,9 @@ def paraphrase_detail(attack: dict) -> list[str]:
         "token 3-grams), with an exact 95% interval, and the mean detector score of those texts before and after; "
         "MiniLM cosine of original and paraphrase:",
         "",
-        "| prompt | method | n | near-copies | cosine | TPR after paraphrase (AUROC) "
+        "| prompt | method | n | near-copies | cosine | length ratio | TPR after paraphrase (AUROC) "
         "| TPR, near-copies excluded [95% CI] | kept | mean score before / after (kept) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in sorted(runs.values(), key=lambda a: a["settings"].get("prompt", "paper")):
         prompt = a["settings"].get("prompt", "paper")
@@ -46,9 +46,28 @@ def paraphrase_detail(attack: dict) -> list[str]:
                 kept = scores = "-"
             rows.append(
                 f"| {prompt} | {run['method']} | {q['n']} | {q['near_copy_fraction']:.0%} | {q['cosine_mean']:.2f} "
+                f"| {q['length_ratio_mean']:.2f} "
                 f"| {after} | {kept} | {real['n']} | {scores} |"
             )
-    return rows
+    return rows + _projection(runs)
+
+
+def _projection(runs: dict) -> list[str]:
+    """OpenStamp against no projection, near-copies excluded, per prompt: the difference and whether it is resolved."""
+    lines = []
+    for a in runs.values():
+        real = {r["method"]: r["real"] for r in a["runs"] if r["real"]["n"]}
+        if not {"openstamp", "openstamp-nosem"} <= set(real):
+            continue
+        ours, ablated = real["openstamp"], real["openstamp-nosem"]
+        gap = ours["tpr_at_1pct_fpr_after"] - ablated["tpr_at_1pct_fpr_after"]
+        (lo1, hi1), (lo2, hi2) = ours["tpr_at_1pct_fpr_after_ci"], ablated["tpr_at_1pct_fpr_after_ci"]
+        resolved = "the intervals do not overlap" if hi1 < lo2 or hi2 < lo1 else "the intervals overlap: not resolved"
+        lines.append(f"{a['settings'].get('prompt', 'paper')} prompt: {gap:+.3f} ({resolved})")
+    if not lines:
+        return []
+    lead = "The projection's effect (OpenStamp minus no projection, near-copies excluded): "
+    return ["", lead + "; ".join(lines) + "."]
 
 
 def _has_real(a: dict) -> bool:
