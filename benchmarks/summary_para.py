@@ -49,7 +49,11 @@ def paraphrase_detail(attack: dict) -> list[str]:
                 f"| {q['length_ratio_mean']:.2f} "
                 f"| {after} | {kept} | {real['n']} | {scores} |"
             )
-    return rows + _projection(runs)
+    figures = [
+        f"![{name} similarity](benchmarks/results/eval/attacks/{name}_paraphrase_similarity.png)" for name in runs
+    ]
+    strength = "Paraphrase strength (MiniLM cosine of each paraphrase with its original): " + " ".join(figures)
+    return rows + _projection(runs) + ["", strength]
 
 
 def _projection(runs: dict) -> list[str]:
