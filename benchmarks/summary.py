@@ -50,6 +50,19 @@ def detect_speed(r: dict) -> list[str]:
     return rows
 
 
+def score_reuse(r: dict) -> list[str]:
+    s, t = r["settings"], r["seconds"]
+    return [
+        f"Scoring the same texts with several detectors (`python benchmarks/score_reuse.py --n {s['n']}`): "
+        f"OpenStamp's detector at {len(s['deltas'])} strengths on {s['n']} human texts of {s['length']} tokens, as "
+        f"a sweep scores its negatives, takes {t['without_reuse']:.1f} s running the decoder for each and "
+        f"{t['with_reuse']:.1f} s reusing its hidden states ({r['speedup']:.2f}x; identical scores: "
+        f"{r['identical_scores']}). The eval's score and length stages reuse them for every detector that runs the "
+        "decoder (OpenStamp, its ablation, KGW+LLR); KGW, Unremovable and SIR score without the language model, "
+        "GaussMark needs its gradients.",
+    ]
+
+
 def detect_quality(r: dict) -> list[str]:
     rows = [
         f"Detection quality (`python benchmarks/detect_quality.py`): {r['n']} watermarked completions of "
@@ -364,6 +377,7 @@ def render() -> str:
         ("embed_stages", embed_stages),
         ("selector_variants", selector_variants),
         ("detect_speed", detect_speed),
+        ("score_reuse", score_reuse),
         ("detect_quality", detect_quality),
         ("retie", retie),
     ]

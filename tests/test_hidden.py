@@ -3,7 +3,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from openstamp.config import StatesConfig
 from openstamp.corpus import load_documents
-from openstamp.hidden import collect_states, final_hidden, plan_windows
+from openstamp.hidden import HiddenCache, collect_states, final_hidden, plan_windows, reusing
 
 
 def setup(tiny_model_dir, corpus_file):
@@ -51,3 +51,27 @@ def test_different_seeds_sample_different_positions(tiny_model_dir, corpus_file)
     model, tok, docs, cfg = setup(tiny_model_dir, corpus_file)
     other = StatesConfig(**{**cfg.__dict__, "seed": 2})
     assert plan_windows(tok, docs, cfg) != plan_windows(tok, docs, other)
+
+
+def test_reused_hidden_states_equal_a_fresh_forward_and_follow_the_model(tiny_model_dir, corpus_file):
+    model, *_ = setup(tiny_model_dir, corpus_file)
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = torch.tensor([[5, 9, 14, 3], [7, 7, 2, 11]])
+    mask = torch.ones_like(ids)
+    fresh = final_hidden(model, ids, mask)
+    cache = HiddenCache()
+    with torch.inference_mode(), reusing(cache):
+        first, again = final_hidden(model, ids, mask), final_hidden(model, ids, mask)
+        assert again is first and torch.equal(first, fresh)  # the second call ran no decoder
+        final_hidden(other, ids, mask)  # another model object: its own forward, never the first model's states
+        final_hidden(model, ids[:, :3], mask[:, :3])  # another batch
+    assert (cache.hits, cache.misses) == (1, 3)
+    with torch.inference_mode():
+        final_hidden(model, ids, mask)  # outside `reusing` nothing is looked up
+    assert (cache.hits, cache.misses) == (1, 3)
+    small = HiddenCache(max_bytes=fresh.numel() * fresh.element_size())  # room for one batch: the older goes
+    with torch.inference_mode(), reusing(small):
+        final_hidden(model, ids, mask)
+        final_hidden(model, ids[:, :3], mask[:, :3])
+        final_hidden(model, ids, mask)
+    assert (small.hits, small.misses, len(small.entries)) == (0, 3, 1)

@@ -6,8 +6,10 @@ of every prefix in it, of which a fixed number of positions is sampled.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,10 +85,69 @@ def final_hidden(
 
     Pass ``position_ids`` for left-padded batches.
     """
+    cache = _ACTIVE[-1] if _ACTIVE else None
+    key = cache.key(input_ids, attention_mask, position_ids) if cache is not None else None
+    if cache is not None and (hit := cache.get(model, key)) is not None:
+        return hit
     out = model.get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    )
-    return out.last_hidden_state
+    ).last_hidden_state
+    if cache is not None:
+        cache.put(model, key, out)
+    return out
+
+
+class HiddenCache:
+    """Final hidden states already computed, by model and batch (``final_hidden`` inside ``reusing``).
+
+    Scoring the same texts with several detectors of one model (an eval's human continuations, once
+    per method and strength) then runs the decoder once. An entry is used only for the very model
+    object that made it (a weak reference), and only while the caller keeps that model's decoder
+    unchanged: weight-level methods apply their watermark outside ``reusing`` and revert it exactly.
+    Bounded by ``max_bytes``: the least recently used entries go first.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes, self.entries, self.bytes, self.hits, self.misses = max_bytes, {}, 0, 0, 0
+
+    @staticmethod
+    def key(*tensors: torch.Tensor | None) -> tuple:
+        return tuple(None if t is None else (tuple(t.shape), t.cpu().numpy().tobytes()) for t in tensors)
+
+    def get(self, model, key: tuple) -> torch.Tensor | None:
+        entry = self.entries.get(key)
+        if entry is None or entry[0]() is not model:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries[key] = self.entries.pop(key)  # the most recently used goes last
+        return entry[1]
+
+    def put(self, model, key: tuple, hidden: torch.Tensor) -> None:
+        size = hidden.numel() * hidden.element_size()
+        if size > self.max_bytes:
+            return
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1].numel() * old[1].element_size()
+        while self.entries and self.bytes + size > self.max_bytes:  # dicts keep insertion order: least recent first
+            _, dropped = self.entries.pop(next(iter(self.entries)))
+            self.bytes -= dropped.numel() * dropped.element_size()
+        self.entries[key] = (weakref.ref(model), hidden)
+        self.bytes += size
+
+
+_ACTIVE: list[HiddenCache] = []
+
+
+@contextlib.contextmanager
+def reusing(cache: HiddenCache):
+    """Within the block, ``final_hidden`` looks its batches up in ``cache`` first."""
+    _ACTIVE.append(cache)
+    try:
+        yield cache
+    finally:
+        _ACTIVE.pop()
 
 
 def window_batches(model, tokenizer, windows: list, batch_size: int):

@@ -31,6 +31,7 @@ from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.generate import sample_completions
+from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.models import load_model
 from openstamp.monitor import add_seconds
@@ -84,6 +85,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
     with add_seconds(seconds, "downstream"):
         score_downstream(out, "original", model, tokenizer, None, cfg)
     runs = []
+    hidden = HiddenCache()  # the human and unwatermarked texts go through the decoder once, for every detector
     for seed in cfg.seeds:
         with add_seconds(seconds, "generate"):
             generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
@@ -113,9 +115,9 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
                 finally:
                     if variant.carrier is Carrier.WEIGHTS:
                         variant.revert(model)
-                with add_seconds(seconds, "score"):
+                with add_seconds(seconds, "score"), reusing(hidden):
                     score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
-                with add_seconds(seconds, "lengths"):
+                with add_seconds(seconds, "lengths"), reusing(hidden):
                     human = [w["human"] for w in windows]
                     lengths = run_lengths(cfg.lengths, cfg.new_tokens)
                     ids = load_generations(out, gen_name)
