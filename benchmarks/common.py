@@ -35,6 +35,26 @@ def ensure_key(model_dir: Path, key_dir: Path, profile: str = "small") -> None:
     subprocess.run(cmd, check=True)
 
 
+def add_release_arguments(parser) -> None:
+    """--model, --key: a watermarked release and its key (the demo's, built with the small profile if missing)."""
+    parser.add_argument("--model", type=Path, default=DEMO / "model")
+    parser.add_argument("--key", type=Path, default=DEMO / "key")
+
+
+def load_release(args):
+    """The release of ``--model`` in float32 (eval mode), its tokenizer and ``--key``; torch seeded with 0."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from openstamp import WatermarkKey
+    from openstamp.models import load_tokenizer
+
+    ensure_key(args.model, args.key)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    return model, load_tokenizer(str(args.model)), WatermarkKey.load(args.key)
+
+
 def timed(fn, repeats: int = 3) -> list[float]:
     """Wall seconds of ``repeats`` calls after one warm-up."""
     fn()

@@ -11,17 +11,14 @@ the peak memory of detection at batch 32 x 256. Writes benchmarks/results/detect
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import DEMO, ensure_key, interleaved, write_result
-from transformers import AutoModelForCausalLM
+from common import add_release_arguments, interleaved, load_release, write_result
 
-from openstamp import DetectConfig, Detector, WatermarkKey, load_documents, split_documents
+from openstamp import DetectConfig, Detector, load_documents, split_documents
 from openstamp.detect.llr import token_stats
 from openstamp.hidden import final_hidden
-from openstamp.models import load_tokenizer
 from openstamp.monitor import StageMonitor, current_rss_mb
 from openstamp.text import encode
 
@@ -38,19 +35,14 @@ def windows(tokenizer, n: int, length: int) -> list[list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEMO / "model")
-    parser.add_argument("--key", type=Path, default=DEMO / "key")
+    add_release_arguments(parser)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-batch", type=int, default=32)
     parser.add_argument("--memory-length", type=int, default=256)
     args = parser.parse_args()
-    ensure_key(args.model, args.key)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(str(args.model))
-    key = WatermarkKey.load(args.key)
+    model, tokenizer, key = load_release(args)
     seqs = windows(tokenizer, args.batch, args.length)
     ids = torch.tensor(seqs)
     mask = torch.ones_like(ids)

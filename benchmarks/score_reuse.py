@@ -15,33 +15,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
-import torch
-from common import DEMO, deltas, ensure_key, interleaved, write_result
+from common import add_release_arguments, deltas, interleaved, load_release, write_result
 from detect_speed import windows
-from transformers import AutoModelForCausalLM
 
-from openstamp import DetectConfig, Detector, WatermarkKey
+from openstamp import DetectConfig, Detector
 from openstamp.hidden import HiddenCache, reusing
-from openstamp.models import load_tokenizer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEMO / "model")
-    parser.add_argument("--key", type=Path, default=DEMO / "key")
+    add_release_arguments(parser)
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--length", type=int, default=114)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--deltas", type=deltas, default=(0.25, 0.5, 0.75, 1.0))
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    ensure_key(args.model, args.key)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(str(args.model))
-    key = WatermarkKey.load(args.key)
+    model, tokenizer, key = load_release(args)
     texts = tokenizer.batch_decode(windows(tokenizer, args.n, args.length), skip_special_tokens=True)
     cfg = DetectConfig(batch_size=args.batch, check_key=False)  # the key at other deltas: not this release's
     detectors = [Detector(model, tokenizer, dataclasses.replace(key, delta=d), cfg) for d in args.deltas]
