@@ -18,15 +18,23 @@ def sweep(r: dict, folder: Path) -> list[str]:
     full = max(tokens, default=c["new_tokens"])
     scored = max((row["scored_tokens"] for row in curve if row["tokens"] == full), default=full)
     original = r["references"]["human"].get("own_ppl_original")
+    several = len(c["seeds"]) > 1
+    seed_text = f"seeds {seeds} (a key and a sample per seed)." if several else f"one seed ({seeds}) so far."
+    partial = (
+        f" This run holds {', '.join(c['methods'])} so far; the stage grows it to its 7 methods and 3 seeds."
+        if len(c["seeds"]) < 3
+        else ""
+    )
+    spread = "mean over seeds, ± sd at full length and for the cost" if several else "one key and sample per point"
     rows = [
         f"The Pareto sweep (`bash benchmarks/reference_runs.sh sweep`; the paper's Figure 2): {len(c['methods'])} "
         f"methods at the strengths below, chosen so that the weakest falls below TPR 1; {c['n']} held-out prompts of "
-        f"{c['prompt_tokens']} tokens per point and seed, {c['new_tokens']} new tokens, seeds {seeds} (a key and a "
-        "sample per seed). TPR@1%FPR against human text cut to the same length (mean over seeds; the full-length "
-        f"column, {scored:g} scored tokens, with its sd over seeds), and the cost: the model's own perplexity on the "
+        f"{c['prompt_tokens']} tokens per point and seed, {c['new_tokens']} new tokens, {seed_text} "
+        f"TPR@1%FPR against human text cut to the same length ({spread}; the full-length column scores "
+        f"{scored:g} tokens), and the cost: the model's own perplexity on the "
         f"human continuations ({original:.2f} unwatermarked; decode-time methods under their logits processor) "
         f"and the oracle's (`{c['oracle']}`) perplexity of the completions. KGW-distilled is not in the sweep "
-        "(one 28-minute distillation per strength and seed on this CPU).",
+        "(one 28-minute distillation per strength and seed on this CPU)." + partial,
         "",
         "| method | strength | "
         + " | ".join(f"TPR {t} tok" for t in tokens[:-1])
