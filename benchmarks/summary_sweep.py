@@ -33,7 +33,9 @@ def sweep(r: dict, folder: Path) -> list[str]:
         f"TPR@1%FPR against human text cut to the same length ({spread}; the full-length column scores "
         f"{scored:g} tokens), and the cost: the model's own perplexity on the "
         f"human continuations ({original:.2f} unwatermarked; decode-time methods under their logits processor) "
-        f"and the oracle's (`{c['oracle']}`) perplexity of the completions. KGW-distilled is not in the sweep "
+        f"and the oracle's (`{c['oracle']}`) perplexity of the completions (a mean of heavy-tailed per-text "
+        "perplexities, not monotone in strength here: the own-perplexity axis is the primary one). KGW-distilled is "
+        "not in the sweep "
         "(one 28-minute distillation per strength and seed on this CPU)." + partial,
         "",
         "| method | strength | "
