@@ -149,6 +149,12 @@ def attacked_metrics(attacked: list[dict], eval_scores: dict) -> dict:
     )
 
 
+def mean_score(records: list[dict]) -> float | None:
+    """The mean detector score of the scored texts (it moves where TPR saturates); None if none was scored."""
+    values = [r["score"] for r in records if r["score"] is not None]
+    return float(np.mean(values)) if values else None
+
+
 def cached_json(path: Path, compute: Callable[..., Any], *args: Any) -> Any:
     """Read ``path`` if it exists; otherwise ``compute(*args)``, write it atomically and return it."""
     if path.exists():

@@ -29,6 +29,7 @@ from openstamp.attacks.common import (
     config_dict,
     file_name,
     load_method,
+    mean_score,
     open_eval,
     prepare_out,
     score_texts,
@@ -279,14 +280,9 @@ def real_paraphrases(
         "tpr_at_1pct_fpr_after": tpr,
         "tpr_at_1pct_fpr_after_ci": clopper_pearson(round(tpr * len(keep)), len(keep)),
         "auroc_after": metrics["auroc"],
-        "mean_score_before": _mean_score(was),
-        "mean_score_after": _mean_score(now),
+        "mean_score_before": mean_score(was),
+        "mean_score_after": mean_score(now),
     }
-
-
-def _mean_score(records: list[dict]) -> float | None:
-    values = [r["score"] for r in records if r["score"] is not None]
-    return float(sum(values) / len(values)) if values else None
 
 
 def _real_table(rows: list[dict], near_copy: float) -> list[str]:

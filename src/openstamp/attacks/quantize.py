@@ -27,6 +27,7 @@ from openstamp.attacks.common import (
     config_dict,
     file_name,
     load_method,
+    mean_score,
     open_eval,
     prepare_out,
     score_texts,
@@ -144,8 +145,7 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
 
 def _metrics(attacked: list[dict], eval_scores: dict) -> dict:
     """Detection of the attacked texts, and their mean detector score (it moves where TPR saturates)."""
-    values = [r["score"] for r in attacked if r["score"] is not None]
-    return {**attacked_metrics(attacked, eval_scores), "mean_score": float(np.mean(values)) if values else None}
+    return {**attacked_metrics(attacked, eval_scores), "mean_score": mean_score(attacked)}
 
 
 def _row(run: dict, label: str, metrics: dict, how: dict | None) -> dict:

@@ -17,7 +17,15 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from openstamp.attacks.common import EvalRun, attacked_metrics, cached_json, file_name, score_texts, select_runs
+from openstamp.attacks.common import (
+    EvalRun,
+    attacked_metrics,
+    cached_json,
+    file_name,
+    mean_score,
+    score_texts,
+    select_runs,
+)
 from openstamp.attacks.report import fmt, md_table, new_figure, save_figure
 from openstamp.corpus import load_documents, split_documents
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
@@ -80,12 +88,11 @@ def scores_path(out: Path, tag: str, run: dict) -> Path:
 def attacked_row(run: dict, scores: list[dict], eval_scores: dict, ppl: float, **setting) -> dict:
     """One result row: the run, the setting, detection against the eval's negatives, mean score, perplexity."""
     metrics = attacked_metrics(scores, eval_scores)
-    values = [s["score"] for s in scores if s["score"] is not None]
     return {
         **{k: run[k] for k in ("run", "method", "strength", "seed")},
         **setting,
         **{k: metrics[k] for k in DETECTION},
-        "mean_score": float(np.mean(values)) if values else None,
+        "mean_score": mean_score(scores),
         "ppl": ppl,
     }
 
