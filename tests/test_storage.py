@@ -61,3 +61,8 @@ def test_changed_settings_names_each_differing_field(tmp_path):
     assert changed_settings(path, wanted, "settings") == "new: None there, 0 now"
     assert changed_settings(path, wanted, "settings", defaults={"new": 0}) == ""  # at its default: a match
     assert changed_settings(path, wanted, "settings", defaults={"new": 5}) == "new: 5 there, 0 now"
+    grown = {"a": 1, "grid": (2, 1, 3)}  # a field that may grow matches a superset of what is stored
+    assert changed_settings(path, grown, "settings") == "grid: [1, 2] there, [2, 1, 3] now"
+    assert changed_settings(path, grown, "settings", grows=("grid",)) == ""
+    dropped = changed_settings(path, {"a": 1, "grid": (2, 3)}, "settings", grows=("grid",))
+    assert dropped == "grid: [1, 2] there, [2, 3] now"  # a stored item missing now is a change

@@ -93,16 +93,25 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
         raise ValueError(f"{what} {path} is corrupt: {err}") from err
 
 
-def changed_settings(path: str | os.PathLike, wanted: dict, what: str, defaults: dict | None = None) -> str:
+def changed_settings(
+    path: str | os.PathLike, wanted: dict, what: str, defaults: dict | None = None, grows: tuple[str, ...] = ()
+) -> str:
     """How the settings stored in ``path`` differ from ``wanted``: '' where they match or ``path`` is absent.
 
     Both sides are compared as JSON (tuples are lists there); a field missing from the stored
-    settings takes its value from ``defaults`` (a field added since, at its default, still matches).
-    Each differing field reads 'name: stored value there, wanted value now'.
+    settings takes its value from ``defaults`` (a field added since, at its default, still matches);
+    a list field named in ``grows`` also matches where the stored items are all among the wanted
+    ones (a folder that may grow). Each differing field reads 'name: stored value there, wanted value now'.
     """
     if not Path(path).exists():
         return ""
     stored = {**json.loads(json.dumps(defaults or {})), **read_json(path, what)}
     wanted = json.loads(json.dumps(wanted))
-    changed = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
+
+    def same(k: str) -> bool:
+        old, new = stored.get(k), wanted.get(k)
+        grown = k in grows and isinstance(old, list) and isinstance(new, list) and set(old) <= set(new)
+        return old == new or grown
+
+    changed = sorted(k for k in stored.keys() | wanted.keys() if not same(k))
     return "; ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)

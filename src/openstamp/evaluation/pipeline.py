@@ -176,14 +176,7 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
     wanted = asdict(cfg)
-    compared = dict(wanted)
-    if path.exists():
-        stored = read_json(path, "run config")
-        for field in GROWS:
-            held = stored.get(field)
-            if isinstance(held, list) and set(held) <= set(wanted[field]):
-                compared[field] = held
-    if changed := changed_settings(path, compared, "run config", asdict(EvalConfig())):
+    if changed := changed_settings(path, wanted, "run config", asdict(EvalConfig()), grows=GROWS):
         raise ValueError(f"{out} holds a run with different settings ({changed}); choose another --out or delete it")
     atomic_write_json(path, wanted)
 
