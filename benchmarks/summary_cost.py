@@ -68,9 +68,9 @@ def strength_sweep(r: dict) -> list[str]:
     for run in r["runs"]:
         at = {row["tokens"]: row for row in run.get("length_curve", [])}
         m = run["metrics"]
-        cells = [_cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens]
+        cells = [cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens]
         last = at.get(tokens[-1]) if tokens else None
-        cells.append(_cell((last or {}).get("flagged_at_p_0.01")))
+        cells.append(cell((last or {}).get("flagged_at_p_0.01")))
         lo, hi = m["own_ppl_change_ci"]
         cells.append(f"{m['own_ppl_change']:+.1%} [{lo:+.1%}, {hi:+.1%}]")
         for t in tasks:
@@ -81,6 +81,6 @@ def strength_sweep(r: dict) -> list[str]:
     return rows + (["", " ".join(f"![{name}](benchmarks/results/cost/{name})" for name in plots)] if plots else [])
 
 
-def _cell(value: float | None) -> str:
+def cell(value: float | None) -> str:
     """A figure, or "-" where none was measured (the detector refuses texts below its min_tokens)."""
     return "-" if value is None else f"{value:.3f}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from summary_cost import cell
+
 from openstamp.evaluation.pareto import compare, points
 from openstamp.evaluation.report import fmt, pareto_table
 
@@ -45,7 +47,7 @@ def sweep(r: dict, folder: Path) -> list[str]:
     ]
     for s in r["summary"]:
         at = {row["tokens"]: row for row in curve if (row["method"], row["strength"]) == (s["method"], s["strength"])}
-        cells = [_cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens[:-1]]
+        cells = [cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens[:-1]]
         cells += [fmt(s.get("tpr_at_1pct_fpr")), fmt(s.get("own_ppl_change"), "own_ppl_change")]
         cells.append(fmt(s.get("ppl_mean"), "ppl_mean"))
         rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
@@ -77,7 +79,3 @@ def _verdicts(r: dict, method: str = "openstamp", cost: str = "own_ppl_change") 
         + "; ".join(parts)
         + "."
     ]
-
-
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
