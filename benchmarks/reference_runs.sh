@@ -47,7 +47,10 @@ sweep() {
   local grids='grids={"openstamp": [0.25, 0.5, 0.75, 1.0], "openstamp-nosem": [0.25, 0.5, 0.75, 1.0],
     "unremovable": [0.2, 0.4, 0.6, 0.8], "gaussmark": [0.1, 0.2, 0.3, 0.4], "kgw": [0.5, 1.0, 1.5, 2.0],
     "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}'
+  local held  # seeds the run already holds: a run may grow but not shrink, so start there
+  held=$([ -f $S/config.json ] && .venv/bin/python -c "import json; print(len(json.load(open('$S/config.json'))['seeds']))" || echo 0)
   for seeds in 0 0,1 0,1,2; do
+    [ $(( $(tr -cd , <<< "$seeds" | wc -c) + 1 )) -ge "$held" ] || continue
     $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir \
       --sweep --set "$grids" --n 200 --new-tokens 64 --set lengths=16,32 --seeds $seeds --out $S
     mkdir -p benchmarks/results/sweep

@@ -27,7 +27,9 @@ def sweep(r: dict, folder: Path) -> list[str]:
         if len(c["seeds"]) < 3
         else ""
     )
-    spread = "mean over seeds, ± sd at full length and for the cost" if several else "one key and sample per point"
+    spread = (
+        "mean over seeds, ± sd at full length and for the cost" if several else "one key and sample per point"
+    ) + "; [95% bootstrap interval] at full length, over seeds and texts where results hold one"
     rows = [
         f"The Pareto sweep (`bash benchmarks/reference_runs.sh sweep`; the paper's Figure 2): {len(c['methods'])} "
         f"methods at the strengths below, chosen so that the weakest falls below TPR 1; {c['n']} held-out prompts of "

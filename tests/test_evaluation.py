@@ -94,13 +94,18 @@ def test_report_numbers_equal_results_json(finished_run):
         for cell, (_, key) in zip(cells, columns, strict=True):
             if cell != "-":  # a percentage cell is 100 x the fraction in results.json
                 scale = 100 if METRICS[key].percent else 1
-                assert float(cell.rstrip("%")) == pytest.approx(scale * s[key]["mean"], abs=10 ** -METRICS[key].digits)
+                value = cell.split(" [")[0]  # TPR@1%FPR carries its bootstrap interval
+                assert float(value.rstrip("%")) == pytest.approx(scale * s[key]["mean"], abs=10 ** -METRICS[key].digits)
+        low, high = s["tpr_at_1pct_fpr"]["ci"]
+        assert low <= s["tpr_at_1pct_fpr"]["mean"] <= high and f"[{low:.3f}, {high:.3f}]" in row
 
 
 def test_every_method_detects_itself_on_the_tiny_model(finished_run):
     _, results, _ = finished_run
     for run in results["runs"]:
         assert run["metrics"]["auroc"] >= 0.75, run["run"]
+        low, high = run["metrics"]["tpr_at_1pct_fpr_ci"]  # the bootstrap over texts brackets the point
+        assert low <= run["metrics"]["tpr_at_1pct_fpr"] <= high, run["run"]
 
 
 def test_every_run_reports_its_own_perplexity_against_the_original(finished_run):

@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from openstamp.evaluation.metrics import auroc, bootstrap_ci, seq_rep_n, threshold_at_fpr, tpr_at_fpr
+from openstamp.evaluation.metrics import (
+    auroc,
+    bootstrap_ci,
+    seq_rep_n,
+    threshold_at_fpr,
+    tpr_at_fpr,
+    tpr_at_fpr_ci,
+)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -42,3 +49,38 @@ def test_seq_rep_and_bootstrap():
     assert seq_rep_n([1, 2, 3, 4]) == 0.0
     low, high = bootstrap_ci(np.random.default_rng(0).normal(5, 1, 400))
     assert low < 5 < high and high - low < 0.5
+
+
+def _tpr_ci_by_loop(runs, fpr, n_boot, seed):
+    """The reference: draw runs, then texts, one replicate at a time through tpr_at_fpr."""
+    rng = np.random.default_rng(seed)
+    means = []
+    for _ in range(n_boot):
+        tprs = []
+        for g in rng.integers(0, len(runs), len(runs)):
+            pos, neg = (np.asarray(a) for a in runs[g])
+            draw_pos, draw_neg = pos[rng.integers(0, len(pos), len(pos))], neg[rng.integers(0, len(neg), len(neg))]
+            tprs.append(tpr_at_fpr(draw_pos, draw_neg, fpr)["tpr"])
+        means.append(np.mean(tprs))
+    return np.quantile(means, 0.025), np.quantile(means, 0.975)
+
+
+@pytest.mark.parametrize("shifts", [(1.5,), (0.8, 1.5, 2.2)])
+def test_tpr_bootstrap_interval_agrees_with_a_loop_over_replicates(shifts):
+    rng = np.random.default_rng(4)
+    runs = [(rng.normal(s, 1, 200), rng.normal(0, 1, 200)) for s in shifts]
+    low, high = tpr_at_fpr_ci(runs, 0.01, n_boot=2000, seed=1)
+    ref_low, ref_high = _tpr_ci_by_loop(runs, 0.01, n_boot=2000, seed=2)
+    point = np.mean([tpr_at_fpr(pos, neg, 0.01)["tpr"] for pos, neg in runs])
+    assert low < point < high
+    assert abs(low - ref_low) < 0.03 and abs(high - ref_high) < 0.03
+
+
+def test_tpr_bootstrap_interval_widens_with_the_keys_spread_and_is_exact_when_separated():
+    rng = np.random.default_rng(5)
+    same = [(rng.normal(1.5, 1, 200), rng.normal(0, 1, 200)) for _ in range(3)]
+    spread = [(rng.normal(s, 1, 200), rng.normal(0, 1, 200)) for s in (0.8, 1.5, 2.2)]
+    width = lambda runs: np.subtract(*tpr_at_fpr_ci(runs, 0.01)[::-1])  # noqa: E731
+    assert width(spread) > 2 * width(same)
+    assert tpr_at_fpr_ci([(np.full(50, 9.0), rng.normal(0, 1, 200))], 0.01) == (1.0, 1.0)
+    assert all(np.isnan(tpr_at_fpr_ci([], 0.01)))

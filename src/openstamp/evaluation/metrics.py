@@ -83,6 +83,34 @@ def tpr_at_fpr(positives, negatives, fpr: float) -> dict:
     }
 
 
+def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> tuple:
+    """Percentile bootstrap interval of the mean TPR at ``fpr`` over ``runs``: a list of (positives, negatives).
+
+    Each replicate draws len(runs) runs with replacement (the key's variability, when there are
+    several seeds), then, inside each drawn run, its positives and its negatives with replacement
+    (the texts' variability), re-chooses the threshold on the resampled negatives as ``tpr_at_fpr``
+    does, and averages the drawn runs' TPRs. With one run it is the bootstrap over texts alone.
+    """
+    if not runs:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    k = len(runs)
+    # tprs[g, b, j]: run g's TPR on its own resample for copy j of replicate b
+    tprs = np.empty((k, n_boot, k))
+    for g, (positives, negatives) in enumerate(runs):
+        pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
+        if len(pos) == 0 or len(neg) == 0:
+            return float("nan"), float("nan")
+        neg_draws = np.sort(neg[rng.integers(0, len(neg), (n_boot * k, len(neg)))], axis=1)
+        threshold = neg_draws[:, len(neg) - int(np.floor(fpr * len(neg))) - 1]  # as threshold_at_fpr
+        pos_draws = pos[rng.integers(0, len(pos), (n_boot * k, len(pos)))]
+        tprs[g] = np.mean(pos_draws > threshold[:, None], axis=1).reshape(n_boot, k)
+    picks = rng.integers(0, k, (n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
+    means = tprs[picks, np.arange(n_boot)[:, None], np.arange(k)[None, :]].mean(axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
 def seq_rep_n(tokens, n: int = 3) -> float:
     """1 - unique n-grams / n-grams of one sequence (Welleck et al.)."""
     grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]

@@ -20,12 +20,16 @@ COLUMNS = [(m.label, m.name) for m in METRICS.values() if m.summary]
 
 
 def fmt(stat: dict | None, key: str | None = None) -> str:
-    """``mean`` or ``mean ± sd`` (several seeds) as the registry prints metric ``key``; '-' when missing."""
+    """``mean``, ``mean ± sd`` (several seeds) and `` [low, high]`` (a bootstrap interval, where results hold
+    one) as the registry prints metric ``key``; '-' when missing."""
     if not stat or stat.get("mean") is None:
         return "-"
     text = METRICS[key].text if key in METRICS else (lambda value: f"{value:.3f}")
-    mean, sd = stat["mean"], stat.get("sd")
-    return text(mean) if not sd else f"{text(mean)} ± {text(sd).lstrip('+')}"
+    mean, sd, ci = stat["mean"], stat.get("sd"), stat.get("ci")
+    out = text(mean) if not sd else f"{text(mean)} ± {text(sd).lstrip('+')}"
+    if ci and all(v is not None and math.isfinite(v) for v in ci):
+        out += f" [{text(ci[0])}, {text(ci[1])}]"
+    return out
 
 
 def shown_columns(results: dict) -> list[tuple[str, str]]:
@@ -70,9 +74,9 @@ def reference_table(results: dict) -> list[str]:
 
 def ci_table(results: dict) -> list[str]:
     rows = [
-        "| run | PPL mean [95% CI] | PPL median [95% CI] | PPL ratio of means | flagged at p<=0.01 "
-        "(watermarked / human / unwatermarked) |",
-        "|---|---:|---:|---:|---:|",
+        "| run | TPR@1%FPR [95% CI] | PPL mean [95% CI] | PPL median [95% CI] | PPL ratio of means | "
+        "flagged at p<=0.01 (watermarked / human / unwatermarked) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
         m = r["metrics"]
@@ -86,8 +90,9 @@ def ci_table(results: dict) -> list[str]:
                 for k in ("flagged_at_p_0.01", "human_flagged_at_p_0.01", "unwatermarked_flagged_at_p_0.01")
             )
         )
+        tpr = fmt({"mean": m.get("tpr_at_1pct_fpr"), "ci": m.get("tpr_at_1pct_fpr_ci")}, "tpr_at_1pct_fpr")
         rows.append(
-            f"| {r['run']} | {m['ppl_mean']:.1f} [{m['ppl_mean_ci'][0]:.1f}, {m['ppl_mean_ci'][1]:.1f}] | "
+            f"| {r['run']} | {tpr} | {m['ppl_mean']:.1f} [{m['ppl_mean_ci'][0]:.1f}, {m['ppl_mean_ci'][1]:.1f}] | "
             f"{m['ppl_median']:.1f} [{m['ppl_median_ci'][0]:.1f}, {m['ppl_median_ci'][1]:.1f}] | "
             f"{m.get('ppl_ratio_of_means', math.nan):.3f} | {flagged} |"
         )
@@ -279,18 +284,19 @@ def _plots(out: Path, results: dict) -> list[str]:
         for ax, cost in zip(axes.flat, axes_shown, strict=True):
             for method in dict.fromkeys(s["method"] for s in results["summary"]):
                 pts = points(results["summary"], method, cost)
-                sd = {  # error bars: the sd over seeds of both coordinates (0 with one seed)
-                    s["strength"]: [(s.get(k) or {}).get("sd") or 0.0 for k in (cost, "tpr_at_1pct_fpr")]
-                    for s in results["summary"]
-                    if s["method"] == method
-                }
+                at = {s["strength"]: s for s in results["summary"] if s["method"] == method}
                 x, y, strength = zip(*pts, strict=True) if pts else ((), (), ())
-                xerr, yerr = [sd[t][0] for t in strength], [sd[t][1] for t in strength]
+                xerr = [(at[t].get(cost) or {}).get("sd") or 0.0 for t in strength]
+                yerr = np.array([_below_above(at[t]["tpr_at_1pct_fpr"]) for t in strength]).reshape(-1, 2).T
                 ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o-", capsize=2, label=method)
             unwm = results["references"].get(f"unwatermarked/s{results['config']['seeds'][0]}", {})
             if cost == "ppl_mean" and "ppl_mean" in unwm:
                 ax.axvline(unwm["ppl_mean"], color="k", ls=":", lw=1, label="unwatermarked")
-            ax.set(xlabel=f"{METRICS[cost].label}: {METRICS[cost].function}", ylabel="TPR @ 1% FPR")
+            ax.set(
+                xlabel=f"{METRICS[cost].label}: {METRICS[cost].function} (bars: sd over seeds)",
+                ylabel="TPR @ 1% FPR (bars: 95% bootstrap interval, else sd over seeds)",
+            )
+            ax.yaxis.label.set_fontsize(7)
             ax.xaxis.label.set_fontsize(7)
         axes.flat[0].legend(fontsize=7)
         fig.suptitle("detectability against cost")
@@ -298,6 +304,14 @@ def _plots(out: Path, results: dict) -> list[str]:
     if results.get("length_curve"):
         names.append(_length_plot(results["length_curve"], out / "length_curve.png"))
     return names
+
+
+def _below_above(stat: dict) -> tuple[float, float]:
+    """Error bar lengths under and over the mean: its bootstrap interval where results hold one, else the sd."""
+    ci = stat.get("ci")
+    if ci and all(v is not None and math.isfinite(v) for v in ci):
+        return max(stat["mean"] - ci[0], 0.0), max(ci[1] - stat["mean"], 0.0)
+    return (stat.get("sd") or 0.0,) * 2
 
 
 def _length_plot(rows: list[dict], path: Path) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from openstamp.config import EvalConfig
 from openstamp.evaluation.downstream import change as downstream_change
 from openstamp.evaluation.lengths import mean_curve, run_curve
-from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr
+from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr, tpr_at_fpr_ci
 from openstamp.evaluation.own_ppl import change, perplexity
 from openstamp.storage import atomic_write_text, read_json
 
@@ -34,16 +34,22 @@ def _scores(records: list[dict], missing: float) -> np.ndarray:
     return np.array([missing if r["score"] is None else r["score"] for r in records], dtype=np.float64)
 
 
+def against(scores: dict, negatives: str = "human") -> tuple[np.ndarray, np.ndarray]:
+    """(watermarked, negatives) score arrays: an unscorable positive is a miss, an unscorable negative is dropped."""
+    pos = _scores(scores["watermarked"], -math.inf)
+    return pos, _scores([r for r in scores[negatives] if r["score"] is not None], 0.0)
+
+
 def detection_metrics(scores: dict) -> dict:
-    """AUROC and TPR at fixed FPRs against human text (primary) and unwatermarked completions."""
-    pos = _scores(scores["watermarked"], -math.inf)  # an unscorable positive is a miss
-    human = _scores([r for r in scores["human"] if r["score"] is not None], 0.0)
-    unwm = _scores([r for r in scores["unwatermarked"] if r["score"] is not None], 0.0)
+    """AUROC and TPR at fixed FPRs against human text (primary) and unwatermarked completions; TPR@1%FPR's
+    bootstrap interval over texts."""
+    (pos, human), (_, unwm) = against(scores), against(scores, "unwatermarked")
     out = {"auroc": auroc(pos, human), "auroc_vs_unwatermarked": auroc(pos, unwm)}
     for name, fpr in FPRS.items():
         t = tpr_at_fpr(pos, human, fpr)
         out[name] = t["tpr"]
         out[f"{name}_resolution_limited"] = t["resolution_limited"]
+    out["tpr_at_1pct_fpr_ci"] = tpr_at_fpr_ci([(pos, human)], FPRS["tpr_at_1pct_fpr"])
     out["tpr_at_1pct_fpr_vs_unwatermarked"] = tpr_at_fpr(pos, unwm, 0.01)["tpr"]
     # a method that gives p-values; a text it refused as too short is not flagged
     if any(r["p_value"] is not None for r in scores["watermarked"]):
@@ -123,9 +129,10 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
 
     original = own_nll("original")
     original_downstream = downstream_of("original")
-    per_run = []
+    per_run, arrays = [], {}
     for r in runs:
         scores = read_json(out / "scores" / f"{_name(r['run'])}.json", "score cache")
+        arrays[r["run"]] = against(scores)
         reference = ppl_of(f"unwatermarked/s{r['seed']}") or None
         metrics = {
             **detection_metrics(scores),
@@ -137,15 +144,11 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         per_run.append({**r, "metrics": metrics, **({"length_curve": length_curve} if length_curve else {})})
     summary = []
     for key in dict.fromkeys((r["method"], r["strength"]) for r in per_run):
-        group = [r["metrics"] for r in per_run if (r["method"], r["strength"]) == key]
-        summary.append(
-            {
-                "method": key[0],
-                "strength": key[1],
-                "seeds": len(group),
-                **{m: _mean_sd([g.get(m) for g in group]) for m in SUMMARY_METRICS},
-            }
-        )
+        group = [r for r in per_run if (r["method"], r["strength"]) == key]
+        point = {m: _mean_sd([g["metrics"].get(m) for g in group]) for m in SUMMARY_METRICS}
+        # over seeds and texts: runs drawn with replacement, then texts inside each (metrics.tpr_at_fpr_ci)
+        point["tpr_at_1pct_fpr"]["ci"] = tpr_at_fpr_ci([arrays[g["run"]] for g in group], FPRS["tpr_at_1pct_fpr"])
+        summary.append({"method": key[0], "strength": key[1], "seeds": len(group), **point})
     references = {"human": quality_metrics(ppl_of("human"), None, [w["human"] for w in windows])}
     if original is not None:
         references["human"]["own_ppl_original"] = perplexity(original)
