@@ -77,7 +77,7 @@ def _verdicts(r: dict, method: str = "openstamp", cost: str = "own_ppl_change") 
         parts.append(f"{b}: {inside or 'none inside its cost range'}" + (f" ({outside} outside it)" if outside else ""))
     return [
         f"Where {method} stands at full length, on own PPL change, against each baseline's curve (its "
-        f"strengths inside the baseline's cost range; 'on' within 1.96 binomial standard errors): "
+        f"strengths inside the baseline's cost range; 'on' within 1.96 standard errors of the bootstrap intervals): "
         + "; ".join(parts)
         + "."
     ]

@@ -1,6 +1,6 @@
 import pytest
 
-from openstamp.evaluation.pareto import COST_AXES, compare, interpolate, points, verdict
+from openstamp.evaluation.pareto import COST_AXES, compare, interpolate, points, standard_error, verdict
 from openstamp.evaluation.report import pareto_table
 
 
@@ -28,10 +28,23 @@ def test_points_are_sorted_by_cost_and_interpolation_is_linear():
     assert interpolate([(0.1, 0.7, 1.0)], 0.1) == 0.7
 
 
-def test_verdict_uses_binomial_standard_errors():
-    assert verdict(0.9, 200, 0.5, 200) == "above" and verdict(0.5, 200, 0.9, 200) == "below"
-    assert verdict(0.52, 200, 0.5, 200) == "on" and verdict(1.0, 200, 1.0, 200) == "on"
-    assert verdict(0.9, 10, 0.6, 10) == "on"  # the same gap is not resolved with 10 texts
+def _verdict(y, y_b, n):  # binomial standard errors over n texts
+    return verdict(y, standard_error({"mean": y}, n), y_b, standard_error({"mean": y_b}, n), n)
+
+
+def test_verdict_uses_binomial_standard_errors_without_an_interval():
+    assert _verdict(0.9, 0.5, 200) == "above" and _verdict(0.5, 0.9, 200) == "below"
+    assert _verdict(0.52, 0.5, 200) == "on" and _verdict(1.0, 1.0, 200) == "on"
+    assert _verdict(0.9, 0.6, 10) == "on"  # the same gap is not resolved with 10 texts
+
+
+def test_a_bootstrap_interval_sets_the_standard_error_and_can_undo_a_verdict():
+    assert standard_error({"mean": 0.5, "ci": [0.4, 0.6]}, 200) == pytest.approx(0.2 / 3.92)
+    assert standard_error({"mean": 0.5, "ci": [float("nan"), 0.6]}, 200) == pytest.approx((0.25 / 200) ** 0.5)
+    summary = _summary("openstamp", [(0.5, 0.16, 0.6)]) + SUMMARY[4:]  # kgw's curve is at 0.3 there
+    assert compare(summary, "openstamp", "kgw", "own_ppl_change", n=200)[0]["verdict"] == "above"  # binomial
+    summary[0]["tpr_at_1pct_fpr"]["ci"] = [0.2, 0.9]  # keys that disagree this much resolve nothing
+    assert compare(summary, "openstamp", "kgw", "own_ppl_change", n=200)[0]["verdict"] == "on"
 
 
 def test_compare_gives_a_verdict_inside_the_baseline_range_only():

@@ -5,8 +5,11 @@ quality metric that rises with damage (``own_ppl_change``, the oracle's ``ppl_me
 baseline's curve is the piecewise-linear interpolation of its points sorted by cost. For a point
 (c, y) of the compared method inside the baseline's cost range [c_min, c_max]:
 
-    y_b(c) = linear interpolation of the baseline's TPR at cost c
-    se     = sqrt(y (1 - y) / n + y_b (1 - y_b) / n_b)           (binomial standard errors)
+    y_b(c)  = linear interpolation of the baseline's TPR at cost c
+    se(y)   = (high - low) / (2 z) of the point's 95% bootstrap interval over seeds and texts
+              (results' ``ci``: it holds the keys' spread), else sqrt(y (1 - y) / n)   (binomial)
+    se_b(c) = the baseline's se, interpolated as y_b is
+    se      = sqrt(se(y)^2 + se_b(c)^2)
     verdict = "above" if y - y_b > z se, "below" if y_b - y > z se, else "on"   (z = 1.96)
 
 with se floored at 1 / n so that two saturated points (y = y_b = 1) read "on". A point outside
@@ -46,9 +49,18 @@ def interpolate(curve: list[Point], cost: float) -> float | None:
     return curve[0][1]  # a one-point curve, at its cost
 
 
-def verdict(y: float, n: int, y_b: float, n_b: int, z: float = 1.96) -> str:
-    """above / on / below, with the binomial standard error of both TPRs (floored at 1/n)."""
-    se = max(math.sqrt(y * (1 - y) / n + y_b * (1 - y_b) / n_b), 1.0 / n)
+def standard_error(stat: dict, n: int, z: float = 1.96) -> float:
+    """A TPR's standard error: from its bootstrap interval where results hold one, else binomial over n texts."""
+    ci = stat.get("ci")
+    if ci and all(v is not None and math.isfinite(v) for v in ci):
+        return (ci[1] - ci[0]) / (2 * z)
+    y = stat["mean"]
+    return math.sqrt(y * (1 - y) / n)
+
+
+def verdict(y: float, se: float, y_b: float, se_b: float, n: int, z: float = 1.96) -> str:
+    """above / on / below: the gap against z times the two standard errors combined (floored at 1/n)."""
+    se = max(math.sqrt(se**2 + se_b**2), 1.0 / n)
     if y - y_b > z * se:
         return "above"
     if y_b - y > z * se:
@@ -56,14 +68,16 @@ def verdict(y: float, n: int, y_b: float, n_b: int, z: float = 1.96) -> str:
     return "on"
 
 
-def compare(summary: list[dict], method: str, baseline: str, cost: str, n: int) -> list[dict]:
+def compare(summary: list[dict], method: str, baseline: str, cost: str, n: int, tpr: str = "tpr_at_1pct_fpr") -> list:
     """One row per strength of ``method``: its cost and TPR, the baseline's TPR there, and the verdict."""
-    curve = points(summary, baseline, cost)
+    curve = points(summary, baseline, cost, tpr)
+    at = {(s["method"], float(s["strength"])): s[tpr] for s in summary if s["method"] in (method, baseline)}
+    se_curve = [(c, standard_error(at[baseline, strength], n), strength) for c, _, strength in curve]
     rows = []
-    for c, y, strength in points(summary, method, cost):
+    for c, y, strength in points(summary, method, cost, tpr):
         y_b = interpolate(curve, c)
         if y_b is not None:
-            word = verdict(y, n, y_b, n)
+            word = verdict(y, standard_error(at[method, strength], n), y_b, interpolate(se_curve, c), n)
         elif curve:
             word = "cheaper than every baseline point" if c < curve[0][0] else "costlier than every baseline point"
         else:

@@ -168,7 +168,8 @@ def pareto_table(results: dict) -> list[str]:
         return []
     return [
         "Each strength of an OpenStamp method against the baseline's curve of TPR@1%FPR over cost, interpolated "
-        "linearly between its strengths; 'on' within 1.96 binomial standard errors (see evaluation/pareto.py).",
+        "linearly between its strengths; 'on' within 1.96 standard errors, from the bootstrap intervals over "
+        "seeds and texts (binomial where results hold none; see evaluation/pareto.py).",
         "",
         "| cost | method | baseline | strength: verdict (TPR vs the baseline's at that cost) |",
         "|---|---|---|---|",
