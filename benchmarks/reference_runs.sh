@@ -48,7 +48,8 @@ sweep() {
     "unremovable": [0.2, 0.4, 0.6, 0.8], "gaussmark": [0.1, 0.2, 0.3, 0.4], "kgw": [0.5, 1.0, 1.5, 2.0],
     "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}'
   local held  # seeds the run already holds: a run may grow but not shrink, so start there
-  held=$([ -f $S/config.json ] && .venv/bin/python -c "import json; print(len(json.load(open('$S/config.json'))['seeds']))" || echo 0)
+  held=$([ -f $S/config.json ] && .venv/bin/python -c \
+    "import json; print(len(json.load(open('$S/config.json'))['seeds']))" || echo 0)
   for seeds in 0 0,1 0,1,2; do
     [ $(( $(tr -cd , <<< "$seeds" | wc -c) + 1 )) -ge "$held" ] || continue
     $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir \
@@ -128,11 +129,13 @@ paraphrase() {
     --methods kgw-distilled,sir --out runs/para-baselines
 }
 paraphrase64() {
-  # the projection's effect under paraphrase: OpenStamp against no projection, n 64 each, the paper's prompt and the
-  # strong one, with the faster 0.5B paraphraser (about 9 s a paraphrase here, against 37 s for the 1.5B)
-  for prompt in strong paper; do
+  # every method under paraphrase at n 64, the paper's prompt and the strong one, with the faster 0.5B paraphraser
+  # (about 9 s a paraphrase here, against 37 s for the 1.5B); OpenStamp against no projection is the projection's
+  # effect. A folder grows by methods: the two OpenStamp rows ran first, the baselines re-use them (about an hour
+  # per prompt for the six baselines; kgw and kgw-llr share their paraphrases).
+  for prompt in paper strong; do
     $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
-      --methods openstamp,openstamp-nosem --out runs/para64-$prompt
+      --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,kgw-distilled,sir --out runs/para64-$prompt
   done
 }
 

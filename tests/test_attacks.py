@@ -77,6 +77,15 @@ def test_edit_attack_end_to_end(eval_dir, tmp_path):
         run_edit(eval_dir, out, EditConfig(delete=0.2), progress=False)
 
 
+def test_an_attack_folder_grows_by_methods_but_does_not_shrink(eval_dir, tmp_path):
+    out, cfg = tmp_path / "edit", EditConfig(delete=0.3, methods=("kgw",))
+    first = run_edit(eval_dir, out, cfg, progress=False)
+    grown = run_edit(eval_dir, out, replace(cfg, methods=("kgw", "unremovable")), progress=False)
+    assert [r["method"] for r in grown["runs"]] == ["kgw", "unremovable"] and grown["runs"][0] == first["runs"][0]
+    with pytest.raises(ValueError, match="methods"):  # dropping one is a change
+        run_edit(eval_dir, out, replace(cfg, methods=("unremovable",)), progress=False)
+
+
 def test_select_runs_rejects_unknown_methods(eval_dir):
     ev = open_eval(eval_dir)
     assert [r["method"] for r in select_runs(ev, ["kgw"])] == ["kgw"]

@@ -165,10 +165,14 @@ def cached_json(path: Path, compute: Callable[..., Any], *args: Any) -> Any:
 
 
 def prepare_out(out: Path, settings: dict) -> None:
-    """Create ``out`` and record the settings; refuse a folder that holds an attack with others."""
+    """Create ``out`` and record the settings; refuse a folder that holds an attack with others.
+
+    A folder may grow by ``methods``: a list that holds every method it already has re-uses their
+    caches (paraphrases, scores) and attacks the new ones.
+    """
     out.mkdir(parents=True, exist_ok=True)
     path = out / "settings.json"
-    if changed := changed_settings(path, settings, "attack settings"):
+    if changed := changed_settings(path, settings, "attack settings", grows=("methods",)):
         raise ValueError(
             f"{out} holds an attack with different settings ({changed}); choose another --out or delete it"
         )
