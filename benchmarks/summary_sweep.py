@@ -23,7 +23,7 @@ def sweep(r: dict, folder: Path) -> list[str]:
     several = len(c["seeds"]) > 1
     seed_text = f"seeds {seeds} (a key and a sample per seed)." if several else f"one seed ({seeds}) so far."
     partial = (
-        f" This run holds {', '.join(c['methods'])} so far; the stage grows it to its 7 methods and 3 seeds."
+        f" The stage grows this run to 3 seeds; it holds {len(c['seeds'])} so far (running the stage again resumes)."
         if len(c["seeds"]) < 3
         else ""
     )
