@@ -1,3 +1,5 @@
+import threading
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -75,3 +77,9 @@ def test_reused_hidden_states_equal_a_fresh_forward_and_follow_the_model(tiny_mo
         final_hidden(model, ids[:, :3], mask[:, :3])
         final_hidden(model, ids, mask)
     assert (small.hits, small.misses, len(small.entries)) == (0, 3, 1)
+    seen = []  # another thread (a service worker) does not use this thread's active cache
+    with torch.inference_mode(), reusing(cache):
+        worker = threading.Thread(target=lambda: seen.append(final_hidden(model, ids, mask)))
+        worker.start()
+        worker.join()
+    assert seen[0] is not first and torch.equal(seen[0], fresh) and (cache.hits, cache.misses) == (1, 3)

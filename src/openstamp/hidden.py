@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ def final_hidden(
 
     Pass ``position_ids`` for left-padded batches.
     """
-    cache = _ACTIVE[-1] if _ACTIVE else None
+    active = _active()
+    cache = active[-1] if active else None
     key = cache.key(input_ids, attention_mask, position_ids) if cache is not None else None
     if cache is not None and (hit := cache.get(model, key)) is not None:
         return hit
@@ -137,17 +139,23 @@ class HiddenCache:
         self.bytes += size
 
 
-_ACTIVE: list[HiddenCache] = []
+_LOCAL = threading.local()  # each thread's stack of active caches: a service thread never sees the eval's
+
+
+def _active() -> list[HiddenCache]:
+    if not hasattr(_LOCAL, "stack"):
+        _LOCAL.stack = []
+    return _LOCAL.stack
 
 
 @contextlib.contextmanager
 def reusing(cache: HiddenCache):
-    """Within the block, ``final_hidden`` looks its batches up in ``cache`` first."""
-    _ACTIVE.append(cache)
+    """Within the block, ``final_hidden`` in this thread looks its batches up in ``cache`` first."""
+    _active().append(cache)
     try:
         yield cache
     finally:
-        _ACTIVE.pop()
+        _active().pop()
 
 
 def window_batches(model, tokenizer, windows: list, batch_size: int):
