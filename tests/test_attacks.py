@@ -20,7 +20,7 @@ from openstamp.attacks.finetune import FinetuneConfig, prepare, run_finetune, tr
 from openstamp.attacks.inversion import InversionConfig, run_inversion
 from openstamp.attacks.paraphrase import ParaphraseConfig, real_paraphrases, request_ids, run_paraphrase
 from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
-from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit
+from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit, train_head
 from openstamp.attacks.similarity import measure_quality, ngram_survival
 from openstamp.cli import app
 from openstamp.corpus import Document
@@ -279,6 +279,29 @@ def test_real_paraphrases_leave_out_near_copies():
 # -- re-initialised head, selector inversion ---------------------------------------------------
 
 
+def test_a_killed_head_training_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    hidden, ids = torch.randn(16, 12, 8, generator=generator), torch.randint(0, 20, (16, 12), generator=generator)
+    init, cfg = torch.randn(20, 8, generator=generator) * 0.02, ReinitConfig(steps=20, every=5, batch_size=4, lr=0.05)
+    whole, whole_history = train_head(hidden, ids, init, cfg, lambda w: {"norm": float(w.norm())})
+    calls = []
+
+    def dies_at_step_15(weight):
+        calls.append(1)
+        if len(calls) == 4:  # steps 0, 5, 10 recorded and saved; killed while recording step 15
+            raise KeyboardInterrupt
+        return {"norm": float(weight.norm())}
+
+    state = tmp_path / "training_state.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train_head(hidden, ids, init, cfg, dies_at_step_15, checkpoint=state)
+    resumed, history = train_head(hidden, ids, init, cfg, lambda w: {"norm": float(w.norm())}, checkpoint=state)
+    assert torch.equal(resumed, whole) and history == whole_history
+    state.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="delete it"):
+        train_head(hidden, ids, init, cfg, checkpoint=state)
+
+
 def test_reinit_head_recovers_some_quality_and_keeps_the_embeddings(
     model_dir, corpus_file, eval_dir, tokenizer, tmp_path
 ):
@@ -297,6 +320,8 @@ def test_reinit_head_recovers_some_quality_and_keeps_the_embeddings(
     first = next(h for h in results["history"][1:] if h["ppl"] <= ppl[-1] * 1.02)
     assert results["plateau_step"] == first["step"] and results["epochs"] == pytest.approx(30 * 4 / 64)
     assert results["final_over_baseline"] == pytest.approx(ppl[-1] / results["baseline_ppl"])
+    again = run_reinit(str(model_dir), out, cfg, eval_dir, progress=False)  # resumes from the last state: no training
+    assert again["history"] == results["history"]
     everything = run_reinit(str(model_dir), tmp_path / "all", replace(cfg, train_windows=0, steps=10), progress=False)
     assert everything["train_tokens_distinct"] > 64 * 32  # 0: every window of the key half
     model, _ = load_model(str(model_dir))

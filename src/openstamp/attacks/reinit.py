@@ -12,6 +12,7 @@ so they are computed once; training and evaluation then only multiply them by th
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from openstamp.corpus import load_documents, split_documents
 from openstamp.hidden import final_hidden
 from openstamp.models import load_model, model_device
 from openstamp.patch import head, untie
+from openstamp.storage import atomic_write_bytes
 from openstamp.training import training_windows
 
 log = logging.getLogger(__name__)
@@ -92,11 +94,15 @@ def train_head(
     cfg: ReinitConfig,
     evaluate=None,
     progress: bool = False,
+    checkpoint: Path | None = None,
 ) -> tuple[torch.Tensor, list[dict]]:
     """Train a bias-free head from ``init`` (V, d) on cached states (N, T, d) and ids (N, T).
 
     ``evaluate(weight) -> dict`` runs at step 0 and every ``cfg.every`` steps; its results,
-    with the step, tokens seen and recent training loss, form the returned history.
+    with the step, tokens seen and recent training loss, form the returned history. With a
+    ``checkpoint`` path the whole training state (head, optimizer, schedule, batch order, random
+    generator, history) is written there at each of those steps, and a run that finds one goes on
+    from it: a killed run resumes and ends with the weights an uninterrupted one has.
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -104,16 +110,40 @@ def train_head(
     optimizer = torch.optim.AdamW([weight], lr=cfg.lr, weight_decay=0.0)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(0.05 * cfg.steps), cfg.steps)
     generator = torch.Generator().manual_seed(cfg.seed)
-    history, losses, order = [], [], torch.empty(0, dtype=torch.long)
+    history, losses, order, done = [], [], torch.empty(0, dtype=torch.long), 0
 
     def record(step: int) -> None:
         recent = losses[-cfg.every :]
         entry = {"step": step, "tokens": step * cfg.batch_size * cfg.seq_len}
         entry["train_loss"] = sum(recent) / len(recent) if recent else None
         history.append({**entry, **(evaluate(weight.detach()) if evaluate else {})})
+        if checkpoint is not None:
+            state = {"step": step, "weight": weight.detach(), "optimizer": optimizer.state_dict()}
+            state |= {"schedule": schedule.state_dict(), "generator": generator.get_state(), "order": order}
+            buffer = io.BytesIO()
+            torch.save({**state, "history": history, "losses": losses[-cfg.every :]}, buffer)
+            atomic_write_bytes(checkpoint, buffer.getvalue())
 
-    record(0)
-    for step in tqdm(range(1, cfg.steps + 1), desc="training lm_head", disable=not progress):
+    if checkpoint is not None and checkpoint.exists():
+        try:
+            state = torch.load(checkpoint, weights_only=True)
+        except Exception as err:  # a truncated or foreign file
+            raise ValueError(
+                f"training state {checkpoint} is unreadable ({err}); delete it to train from the start"
+            ) from err
+        if tuple(state["weight"].shape) != tuple(init.shape):
+            raise ValueError(
+                f"{checkpoint} holds a head of shape {tuple(state['weight'].shape)}, not {tuple(init.shape)}"
+            )
+        with torch.no_grad():
+            weight.copy_(state["weight"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        generator.set_state(state["generator"])
+        order, history, losses, done = state["order"], state["history"], state["losses"], state["step"]
+    else:
+        record(0)
+    for step in tqdm(range(done + 1, cfg.steps + 1), desc="training lm_head", disable=not progress, initial=done):
         while len(order) < cfg.batch_size:
             order = torch.cat([order, torch.randperm(len(ids), generator=generator)])
         batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
@@ -171,7 +201,7 @@ def run_reinit(
     def evaluate(weight: torch.Tensor) -> dict:
         return {"ppl": math.exp(head_nll(held_h, held_ids, weight))}
 
-    weight, history = train_head(train_h, train_ids, init, cfg, evaluate, progress)
+    weight, history = train_head(train_h, train_ids, init, cfg, evaluate, progress, out / "training_state.pt")
     install_head(model, weight)
     results = {
         "settings": config_dict(cfg),
