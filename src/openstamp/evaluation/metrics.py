@@ -111,6 +111,12 @@ def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, see
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
 
+def interval(stat: dict | None) -> tuple[float, float] | None:
+    """A summary entry's ``ci`` (low, high) where it holds a finite one, else None."""
+    ci = (stat or {}).get("ci")
+    return (float(ci[0]), float(ci[1])) if ci and all(v is not None and np.isfinite(v) for v in ci) else None
+
+
 def seq_rep_n(tokens, n: int = 3) -> float:
     """1 - unique n-grams / n-grams of one sequence (Welleck et al.)."""
     grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]

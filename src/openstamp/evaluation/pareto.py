@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from openstamp.evaluation.metrics import METRICS
+from openstamp.evaluation.metrics import METRICS, interval
 
 COST_AXES = tuple(m.name for m in METRICS.values() if m.cost_axis)
 Point = tuple[float, float, float]  # (cost, TPR, strength)
@@ -51,8 +51,7 @@ def interpolate(curve: list[Point], cost: float) -> float | None:
 
 def standard_error(stat: dict, n: int, z: float = 1.96) -> float:
     """A TPR's standard error: from its bootstrap interval where results hold one, else binomial over n texts."""
-    ci = stat.get("ci")
-    if ci and all(v is not None and math.isfinite(v) for v in ci):
+    if ci := interval(stat):
         return (ci[1] - ci[0]) / (2 * z)
     y = stat["mean"]
     return math.sqrt(y * (1 - y) / n)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from openstamp.evaluation.metrics import METRICS
+from openstamp.evaluation.metrics import METRICS, interval
 from openstamp.evaluation.pareto import COST_AXES, compare, points
 from openstamp.plots import save_figure
 from openstamp.storage import atomic_write_text, read_json
@@ -25,11 +25,9 @@ def fmt(stat: dict | None, key: str | None = None) -> str:
     if not stat or stat.get("mean") is None:
         return "-"
     text = METRICS[key].text if key in METRICS else (lambda value: f"{value:.3f}")
-    mean, sd, ci = stat["mean"], stat.get("sd"), stat.get("ci")
+    mean, sd, ci = stat["mean"], stat.get("sd"), interval(stat)
     out = text(mean) if not sd else f"{text(mean)} ± {text(sd).lstrip('+')}"
-    if ci and all(v is not None and math.isfinite(v) for v in ci):
-        out += f" [{text(ci[0])}, {text(ci[1])}]"
-    return out
+    return out + (f" [{text(ci[0])}, {text(ci[1])}]" if ci else "")
 
 
 def shown_columns(results: dict) -> list[tuple[str, str]]:
@@ -309,8 +307,7 @@ def _plots(out: Path, results: dict) -> list[str]:
 
 def _below_above(stat: dict) -> tuple[float, float]:
     """Error bar lengths under and over the mean: its bootstrap interval where results hold one, else the sd."""
-    ci = stat.get("ci")
-    if ci and all(v is not None and math.isfinite(v) for v in ci):
+    if ci := interval(stat):
         return max(stat["mean"] - ci[0], 0.0), max(ci[1] - stat["mean"], 0.0)
     return (stat.get("sd") or 0.0,) * 2
 
