@@ -40,6 +40,8 @@ def test_too_few_negatives_are_marked_resolution_limited():
 def test_threshold_lets_at_most_fpr_negatives_through():
     neg = np.arange(100.0)
     assert threshold_at_fpr(neg, 0.05) == 94.0  # five negatives (95..99) above
+    stacked = threshold_at_fpr(np.stack([neg, neg[::-1] + 10]), 0.05)  # one threshold per row, rows unsorted
+    assert stacked.tolist() == [94.0, 104.0]
     with pytest.raises(ValueError):
         threshold_at_fpr([], 0.1)
 

@@ -13,7 +13,7 @@ import numpy as np
 from scipy.stats import beta as beta_dist
 from scipy.stats import rankdata
 
-from openstamp.stats import threshold_at_fpr  # noqa: F401  (re-exported: TPR@FPR's threshold)
+from openstamp.stats import threshold_at_fpr  # also re-exported: TPR@FPR's threshold
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,7 @@ def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, see
         pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
         if len(pos) == 0 or len(neg) == 0:
             return float("nan"), float("nan")
-        neg_draws = np.sort(neg[rng.integers(0, len(neg), (n_boot * k, len(neg)))], axis=1)
-        threshold = neg_draws[:, len(neg) - int(np.floor(fpr * len(neg))) - 1]  # as threshold_at_fpr
+        threshold = threshold_at_fpr(neg[rng.integers(0, len(neg), (n_boot * k, len(neg)))], fpr)
         pos_draws = pos[rng.integers(0, len(pos), (n_boot * k, len(pos)))]
         tprs[g] = np.mean(pos_draws > threshold[:, None], axis=1).reshape(n_boot, k)
     picks = rng.integers(0, k, (n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
