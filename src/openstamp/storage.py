@@ -105,8 +105,13 @@ def changed_settings(
     """
     if not Path(path).exists():
         return ""
-    stored = {**json.loads(json.dumps(defaults or {})), **read_json(path, what)}
-    wanted = json.loads(json.dumps(wanted))
+    return differences({**(defaults or {}), **read_json(path, what)}, wanted, grows)
+
+
+def differences(stored: dict, wanted: dict, grows: tuple[str, ...] = ()) -> str:
+    """How two settings dicts differ, compared as JSON: 'name: stored value there, wanted value now' per field,
+    '' where they match; a list field named in ``grows`` matches where the stored items are all wanted."""
+    stored, wanted = json.loads(json.dumps(stored)), json.loads(json.dumps(wanted))
 
     def same(k: str) -> bool:
         old, new = stored.get(k), wanted.get(k)

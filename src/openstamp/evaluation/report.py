@@ -1,7 +1,8 @@
 """Render a run directory's results.json as report.md with ROC curves, score histograms and a Pareto plot.
 
-Everything printed comes from results.json (and, for the plots, the cached score files), so
-``openstamp report DIR`` re-renders without generating or scoring anything.
+Everything printed and plotted comes from results.json (whose runs keep their scores; results
+written before they did fall back to the cached score files), so ``openstamp report DIR``
+re-renders without generating or scoring anything, and a merge of shards renders like a run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from openstamp.evaluation.metrics import METRICS, interval
 from openstamp.evaluation.pareto import COST_AXES, compare, points
+from openstamp.evaluation.results import score_values
 from openstamp.plots import save_figure
 from openstamp.storage import atomic_write_text, read_json
 
@@ -241,12 +243,11 @@ def _plots(out: Path, results: dict) -> list[str]:
 
     names = []
     first_seed = [r for r in results["runs"] if r["seed"] == results["config"]["seeds"][0]]
-    scores = {r["run"]: read_json(out / "scores" / f"{r['run'].replace('/', '_')}.json", "scores") for r in first_seed}
+    scores = {r["run"]: _run_scores(out, r) for r in first_seed}
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for r in first_seed:
         pos, neg = (
-            np.array([x["score"] if x["score"] is not None else -np.inf for x in scores[r["run"]][k]])
-            for k in ("watermarked", "human")
+            np.array([-np.inf if x is None else x for x in scores[r["run"]][k]]) for k in ("watermarked", "human")
         )
         thresholds = np.unique(np.concatenate([pos, neg]))[::-1]
         ax.plot(
@@ -269,7 +270,7 @@ def _plots(out: Path, results: dict) -> list[str]:
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
     for ax, r in zip(axes.flat, first_seed, strict=False):
         for k, color in (("human", "tab:blue"), ("unwatermarked", "tab:gray"), ("watermarked", "tab:green")):
-            values = [x["score"] for x in scores[r["run"]][k] if x["score"] is not None]
+            values = [x for x in scores[r["run"]][k] if x is not None]
             ax.hist(values, bins=30, alpha=0.5, color=color, label=k)
         ax.set_title(r["run"].split("/")[0], fontsize=9)
     axes.flat[0].legend(fontsize=7)
@@ -303,6 +304,13 @@ def _plots(out: Path, results: dict) -> list[str]:
     if results.get("length_curve"):
         names.append(_length_plot(results["length_curve"], out / "length_curve.png"))
     return names
+
+
+def _run_scores(out: Path, run: dict) -> dict:
+    """A run's scores per text set: kept in results.json, or (results written before it kept them) its score cache."""
+    if "scores" in run:
+        return run["scores"]
+    return score_values(read_json(out / "scores" / f"{run['run'].replace('/', '_')}.json", "scores"))
 
 
 def _below_above(stat: dict) -> tuple[float, float]:

@@ -30,20 +30,23 @@ def load_generations(out: Path, name: str) -> list[list[int]]:
     return [ids for f in files for ids in read_json(f, "generation batch")]
 
 
-def _scores(records: list[dict], missing: float) -> np.ndarray:
-    return np.array([missing if r["score"] is None else r["score"] for r in records], dtype=np.float64)
+def score_values(scores: dict) -> dict[str, list[float | None]]:
+    """A score cache's scores alone, per text set (None where a text was unscorable): what results.json keeps."""
+    return {name: [r["score"] for r in records] for name, records in scores.items()}
 
 
-def against(scores: dict, negatives: str = "human") -> tuple[np.ndarray, np.ndarray]:
-    """(watermarked, negatives) score arrays: an unscorable positive is a miss, an unscorable negative is dropped."""
-    pos = _scores(scores["watermarked"], -math.inf)
-    return pos, _scores([r for r in scores[negatives] if r["score"] is not None], 0.0)
+def against(values: dict, negatives: str = "human") -> tuple[np.ndarray, np.ndarray]:
+    """(watermarked, negatives) score arrays from :func:`score_values`: an unscorable positive is a miss, an
+    unscorable negative is dropped."""
+    pos = np.array([-math.inf if v is None else v for v in values["watermarked"]], dtype=np.float64)
+    return pos, np.array([v for v in values[negatives] if v is not None], dtype=np.float64)
 
 
 def detection_metrics(scores: dict) -> dict:
     """AUROC and TPR at fixed FPRs against human text (primary) and unwatermarked completions; TPR@1%FPR's
     bootstrap interval over texts."""
-    (pos, human), (_, unwm) = against(scores), against(scores, "unwatermarked")
+    values = score_values(scores)
+    (pos, human), (_, unwm) = against(values), against(values, "unwatermarked")
     out = {"auroc": auroc(pos, human), "auroc_vs_unwatermarked": auroc(pos, unwm)}
     for name, fpr in FPRS.items():
         t = tpr_at_fpr(pos, human, fpr)
@@ -112,6 +115,19 @@ def _mean_sd(values: list[float]) -> dict:
     return {"mean": float(arr.mean()), "sd": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0}
 
 
+def summarize(runs: list[dict]) -> list[dict]:
+    """One point per (method, strength): each summary metric's mean and sd over its seeds, and TPR@1%FPR's
+    bootstrap interval over seeds and texts (runs drawn with replacement, then texts inside each:
+    metrics.tpr_at_fpr_ci), from the scores each run keeps."""
+    summary = []
+    for key in dict.fromkeys((r["method"], r["strength"]) for r in runs):
+        group = [r for r in runs if (r["method"], r["strength"]) == key]
+        point = {m: _mean_sd([g["metrics"].get(m) for g in group]) for m in SUMMARY_METRICS}
+        point["tpr_at_1pct_fpr"]["ci"] = tpr_at_fpr_ci([against(g["scores"]) for g in group], FPRS["tpr_at_1pct_fpr"])
+        summary.append({"method": key[0], "strength": key[1], "seeds": len(group), **point})
+    return summary
+
+
 def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict]) -> dict:
     from openstamp.watermark import versions
 
@@ -129,10 +145,9 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
 
     original = own_nll("original")
     original_downstream = downstream_of("original")
-    per_run, arrays = [], {}
+    per_run = []
     for r in runs:
         scores = read_json(out / "scores" / f"{_name(r['run'])}.json", "score cache")
-        arrays[r["run"]] = against(scores)
         reference = ppl_of(f"unwatermarked/s{r['seed']}") or None
         metrics = {
             **detection_metrics(scores),
@@ -141,14 +156,8 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
             **downstream_metrics(downstream_of(r["generations"]), original_downstream),
         }
         length_curve = run_curve(out, r["run"], scores, cfg.new_tokens)
-        per_run.append({**r, "metrics": metrics, **({"length_curve": length_curve} if length_curve else {})})
-    summary = []
-    for key in dict.fromkeys((r["method"], r["strength"]) for r in per_run):
-        group = [r for r in per_run if (r["method"], r["strength"]) == key]
-        point = {m: _mean_sd([g["metrics"].get(m) for g in group]) for m in SUMMARY_METRICS}
-        # over seeds and texts: runs drawn with replacement, then texts inside each (metrics.tpr_at_fpr_ci)
-        point["tpr_at_1pct_fpr"]["ci"] = tpr_at_fpr_ci([arrays[g["run"]] for g in group], FPRS["tpr_at_1pct_fpr"])
-        summary.append({"method": key[0], "strength": key[1], "seeds": len(group), **point})
+        extra = {"length_curve": length_curve} if length_curve else {}
+        per_run.append({**r, "metrics": metrics, **extra, "scores": score_values(scores)})
     references = {"human": quality_metrics(ppl_of("human"), None, [w["human"] for w in windows])}
     if original is not None:
         references["human"]["own_ppl_original"] = perplexity(original)
@@ -161,7 +170,7 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         "versions": versions(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "runs": per_run,
-        "summary": summary,
+        "summary": summarize(per_run),
         "length_curve": mean_curve(per_run),
         "downstream_original": {t: float(np.mean(a)) for t, a in (original_downstream or {}).items()},
         "references": references,
