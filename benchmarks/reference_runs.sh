@@ -41,22 +41,27 @@ cost() {
 }
 sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, 4 strengths per method with the
-  # weakest below TPR 1, n 200 per point. Seeds are added one invocation at a time (a run may grow), so a stopped
-  # sweep keeps whole seeds. KGW-distilled is left out: one 28-min distillation per strength and seed.
-  local S=runs/sweep
+  # weakest below TPR 1, n 200 per point. Each seed runs in its own folder (a shard: about 86 min on 2 CPU cores), so
+  # seeds can run in separate sessions or on separate machines; a finished seed is kept with its scores under
+  # benchmarks/results/sweep/seeds/, and the kept seeds are merged into benchmarks/results/sweep/ (openstamp
+  # merge-runs) once there are two. SWEEP_SEEDS="2" runs one seed. KGW-distilled is left out: one 28-min distillation
+  # per strength and seed.
   local grids='grids={"openstamp": [0.25, 0.5, 0.75, 1.0], "openstamp-nosem": [0.25, 0.5, 0.75, 1.0],
     "unremovable": [0.2, 0.4, 0.6, 0.8], "gaussmark": [0.1, 0.2, 0.3, 0.4], "kgw": [0.5, 1.0, 1.5, 2.0],
     "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}'
-  local held  # seeds the run already holds: a run may grow but not shrink, so start there
-  held=$([ -f $S/config.json ] && .venv/bin/python -c \
-    "import json; print(len(json.load(open('$S/config.json'))['seeds']))" || echo 0)
-  for seeds in 0 0,1 0,1,2; do
-    [ $(( $(tr -cd , <<< "$seeds" | wc -c) + 1 )) -ge "$held" ] || continue
+  local seeds=benchmarks/results/sweep/seeds
+  for seed in ${SWEEP_SEEDS:-0 1 2}; do
+    [ ! -f $seeds/s$seed/results.json ] || continue  # kept: this seed is done
     $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir \
-      --sweep --set "$grids" --n 200 --new-tokens 64 --set lengths=16,32 --seeds $seeds --out $S
-    mkdir -p benchmarks/results/sweep
-    cp $S/results.json $S/report.md $S/*.png benchmarks/results/sweep/
+      --sweep --set "$grids" --n 200 --new-tokens 64 --set lengths=16,32 --seeds $seed --out runs/sweep-s$seed
+    mkdir -p $seeds/s$seed
+    cp runs/sweep-s$seed/results.json runs/sweep-s$seed/report.md $seeds/s$seed/
   done
+  local kept=($seeds/s*/results.json)
+  if [ ${#kept[@]} -ge 2 ]; then
+    $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
+    cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
+  fi
 }
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;

@@ -14,6 +14,7 @@ from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
 from openstamp.cli.eval import evaluate
 from openstamp.cli.export import export_app
+from openstamp.cli.merge_runs import merge_runs
 from openstamp.cli.report import report
 from openstamp.cli.serve import serve
 from openstamp.cli.tune import tune
@@ -32,6 +33,7 @@ app.command()(detect)
 app.command()(calibrate)
 app.command(name="eval")(evaluate)
 app.command()(report)
+app.command(name="merge-runs")(merge_runs)
 app.command()(serve)
 app.command()(audit)
 app.add_typer(attack_app, name="attack")

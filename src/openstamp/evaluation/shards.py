@@ -1,0 +1,133 @@
+"""Merge evaluations run as shards: one comparison, each shard holding its own seeds.
+
+A seed of the Pareto sweep costs about 86 minutes on 2 CPU cores, so its seeds can run in
+separate folders, on separate machines or days, and be merged from their results.json files
+alone. Each run keeps its scores there, so the merged summary is what one folder holding every
+seed computes: per (method, strength) the mean and sd over seeds, and TPR@1%FPR's bootstrap
+interval over seeds then texts (results.summarize); the length curve is the mean over seeds.
+
+Shards must agree on every setting but their seeds, hold no seed twice, and have scored the
+same human text (their human reference figures agree); each shard's seeds, versions, creation
+time and timings are kept under ``shards``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+
+from openstamp.config import EvalConfig
+from openstamp.evaluation.lengths import mean_curve
+from openstamp.evaluation.results import summarize
+from openstamp.storage import atomic_write_json, differences, read_json
+
+TOLERANCE = 1e-3  # relative: the same text's reference figures, maybe computed on another machine
+
+
+def load_shard(path: Path) -> tuple[str, dict]:
+    """(name, results) from a results.json file or the folder holding one."""
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    if not file.exists():
+        raise ValueError(f"{path} holds no results.json: run `openstamp eval` into it first")
+    return str(path), read_json(file, "results file")
+
+
+def merge_shards(shards: list[tuple[str, dict]]) -> dict:
+    """One results dict from the (name, results) of shards of the same comparison."""
+    if len(shards) < 2:
+        raise ValueError("a merge needs at least two results files")
+    (first_name, first), defaults = shards[0], EvalConfig().to_dict()
+    seen: dict[int, str] = {}
+    for name, results in shards:
+        if any("scores" not in r for r in results["runs"]):
+            raise ValueError(
+                f"{name} was written before results kept each run's scores: run the same `openstamp eval` "
+                "on its folder again (every stage is cached; only results.json is rewritten)"
+            )
+        config = {k: v for k, v in results["config"].items() if k != "seeds"}
+        wanted = {k: v for k, v in first["config"].items() if k != "seeds"}
+        if changed := differences({**defaults, **config}, {**defaults, **wanted}):
+            raise ValueError(f"{name} ran other settings than {first_name}: {changed}")
+        for seed in results["config"]["seeds"]:
+            if seed in seen:
+                raise ValueError(f"seed {seed} is in both {seen[seed]} and {name}; a shard holds its own seeds")
+            seen[seed] = name
+        for what, ours, theirs in (
+            ("human reference", results["references"]["human"], first["references"]["human"]),
+            ("original model's downstream accuracy", results["downstream_original"], first["downstream_original"]),
+        ):
+            if not _agree(ours, theirs):
+                raise ValueError(f"{name} and {first_name} differ in the {what}: they did not score the same text")
+    runs = sorted((r for _, results in shards for r in results["runs"]), key=lambda r: r["seed"])
+    references = {"human": first["references"]["human"]}
+    for _, results in shards:
+        references.update({k: v for k, v in results["references"].items() if k != "human"})
+    return {
+        "config": {**first["config"], "seeds": sorted(seen)},
+        "versions": _versions([results["versions"] for _, results in shards]),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": runs,
+        "summary": summarize(runs),
+        "length_curve": mean_curve(runs),
+        "downstream_original": first["downstream_original"],
+        "references": references,
+        "timings_s": _timings([results.get("timings_s") for _, results in shards]),
+        "shards": [
+            {
+                "from": name,
+                "seeds": results["config"]["seeds"],
+                "created": results["created"],
+                "versions": results["versions"],
+                **({"timings_s": results["timings_s"]} if "timings_s" in results else {}),
+            }
+            for name, results in shards
+        ],
+    }
+
+
+def merge_into(out: Path, sources: list[Path]) -> dict:
+    """Merge the shards at ``sources`` into ``out``/results.json (a folder of merged results, not a run)."""
+    out = Path(out)
+    if (out / "config.json").exists():
+        raise ValueError(f"{out} is an `openstamp eval` run folder; merge into a new folder")
+    merged = merge_shards([load_shard(p) for p in sources])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "results.json", merged)
+    return merged
+
+
+def _agree(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_agree(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_agree(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        return bool(np.isclose(a, b, rtol=TOLERANCE, atol=0.0, equal_nan=True))
+    return a == b
+
+
+def _versions(all_versions: list[dict]) -> dict:
+    """Each package's version; where shards ran different ones, all of them ('a / b')."""
+    names = dict.fromkeys(k for v in all_versions for k in v)
+    return {k: " / ".join(dict.fromkeys(str(v.get(k)) for v in all_versions)) for k in names}
+
+
+def _timings(all_timings: list[dict | None]) -> dict | None:
+    """Each stage's seconds summed over the shards (their machines' time, not wall-clock time)."""
+    known = [t for t in all_timings if t]
+    if not known:
+        return None
+    stages: dict[str, float] = {}
+    for t in known:
+        for stage, seconds in t["stages"].items():
+            stages[stage] = round(stages.get(stage, 0.0) + seconds, 1)
+    return {
+        "stages": stages,
+        "total": round(sum(stages.values()), 1),
+        "invocations": sum(t["invocations"] for t in known),
+        "complete": len(known) == len(all_timings) and all(t.get("complete", True) for t in known),
+        "shards": len(all_timings),
+    }

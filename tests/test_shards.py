@@ -1,0 +1,83 @@
+"""Evaluations run as shards (each its own seeds) merge into what one folder holding every seed reports."""
+
+import json
+import shutil
+
+import pytest
+from test_evaluation import tiny_eval
+from typer.testing import CliRunner
+
+import openstamp.evaluation.pipeline as pipeline
+from openstamp.cli import app
+from openstamp.evaluation.shards import load_shard, merge_into, merge_shards
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer, corpus_file):
+    """Seed 0 and seed 1 each in its own folder, and one folder grown from seed 0 to seeds 0 and 1."""
+    from conftest import make_model
+
+    root = tmp_path_factory.mktemp("shards")
+    model_dir = root / "model"
+    make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    config = lambda seeds: tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none", seeds=seeds)  # noqa: E731
+    pipeline.run_eval(config((0,)), root / "s0", progress=False)
+    pipeline.run_eval(config((1,)), root / "s1", progress=False)
+    shutil.copytree(root / "s0", root / "both")
+    both = pipeline.run_eval(config((0, 1)), root / "both", progress=False)  # seed 0 re-used, seed 1 run again
+    return root, both
+
+
+def test_merged_shards_report_what_one_folder_with_every_seed_reports(runs):
+    root, both = runs
+    merged = merge_into(root / "merged", [root / "s0", root / "s1"])
+    assert merged["config"] == both["config"]
+    merged, both = json.loads(json.dumps(merged)), json.loads(json.dumps(both))  # as results.json holds them
+    for field in ("runs", "summary", "length_curve", "references", "downstream_original"):
+        assert merged[field] == both[field], field
+    point = merged["summary"][0]
+    assert point["seeds"] == 2 and point["tpr_at_1pct_fpr"]["ci"][0] <= point["tpr_at_1pct_fpr"]["mean"]
+    assert [s["seeds"] for s in merged["shards"]] == [[0], [1]]
+    stages = {k for s in merged["shards"] for k in s["timings_s"]["stages"]}
+    assert merged["timings_s"]["stages"].keys() == stages and merged["timings_s"]["shards"] == 2
+
+
+def test_merge_runs_command_writes_results_report_and_plots(runs):
+    root, _ = runs
+    out = root / "merged-cli"
+    result = CliRunner().invoke(
+        app, ["merge-runs", str(root / "s0"), str(root / "s1" / "results.json"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "seeds 0, 1" in result.output.replace("\n", " ")
+    for name in ("results.json", "report.md", "roc.png", "scores_hist.png"):
+        assert (out / name).exists(), name
+    assert "seeds 0, 1" in (out / "report.md").read_text()
+
+
+def _edited(root, name, edit):
+    """A copy of shard ``name``'s results, changed by ``edit``."""
+    path, results = load_shard(root / name)
+    edit(results)
+    return f"{path} (edited)", results
+
+
+def test_shards_that_do_not_belong_together_are_refused(runs):
+    root, _ = runs
+    s0 = load_shard(root / "s0")
+    with pytest.raises(ValueError, match="at least two"):
+        merge_shards([s0])
+    with pytest.raises(ValueError, match="seed 0 is in both"):
+        merge_shards([s0, load_shard(root / "both")])
+    with pytest.raises(ValueError, match="ran other settings.*n: 8 there, 9 now"):
+        merge_shards([_edited(root, "s1", lambda r: r["config"].update(n=9)), s0])
+    with pytest.raises(ValueError, match="differ in the human reference"):
+        merge_shards([s0, _edited(root, "s1", lambda r: r["references"]["human"].update(own_ppl_original=1.0))])
+    with pytest.raises(ValueError, match="before results kept each run's scores"):
+        merge_shards([s0, _edited(root, "s1", lambda r: [run.pop("scores") for run in r["runs"]])])
+    with pytest.raises(ValueError, match="is an `openstamp eval` run folder"):
+        merge_into(root / "s0", [root / "s0", root / "s1"])
+    with pytest.raises(ValueError, match="holds no results.json"):
+        load_shard(root / "model")
+    assert json.loads((root / "s0" / "results.json").read_text())["config"]["seeds"] == [0]  # nothing was touched
