@@ -1,14 +1,18 @@
-"""The README's Pareto sweep (the paper's Figure 2): benchmarks/results/sweep/results.json."""
+"""The README's Pareto sweep (the paper's Figure 2): benchmarks/results/sweep/results.json, and the seeds kept as
+shards under benchmarks/results/sweep/seeds/ that it does not hold yet."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 from summary_cost import cell
 
+from openstamp.evaluation.metrics import interval
 from openstamp.evaluation.pareto import compare, points
 from openstamp.evaluation.report import fmt, pareto_table
+from openstamp.evaluation.shards import mismatch
 
 
 def sweep(r: dict, folder: Path) -> list[str]:
@@ -23,8 +27,10 @@ def sweep(r: dict, folder: Path) -> list[str]:
     several = len(c["seeds"]) > 1
     seed_text = f"seeds {seeds} (a key and a sample per seed)." if several else f"one seed ({seeds}) so far."
     partial = (
-        f" The stage grows this run to 3 seeds; it holds {len(c['seeds'])} so far (running the stage again resumes)."
-        if len(c["seeds"]) < 3
+        f" The stage runs each seed as its own shard and merges the kept ones; this run holds seeds {seeds} in one "
+        "folder, written before runs kept their scores, so it merges with later shards only once its seeds are run "
+        "again as shards; later seeds are shown beside it below."
+        if len(c["seeds"]) < 3 and any("scores" not in run for run in r["runs"])
         else ""
     )
     spread = (
@@ -53,7 +59,7 @@ def sweep(r: dict, folder: Path) -> list[str]:
         cells += [fmt(s.get("tpr_at_1pct_fpr")), fmt(s.get("own_ppl_change"), "own_ppl_change")]
         cells.append(fmt(s.get("ppl_mean"), "ppl_mean"))
         rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
-    for part in (_verdicts(r), pareto_table(r)):
+    for part in (_verdicts(r), pareto_table(r), *later_seeds(r, folder)):
         rows += ["", *part] if part else []
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     if plots:
@@ -81,3 +87,50 @@ def _verdicts(r: dict, method: str = "openstamp", cost: str = "own_ppl_change") 
         + "; ".join(parts)
         + "."
     ]
+
+
+def later_seeds(r: dict, folder: Path) -> list[list[str]]:
+    """Per seed kept as a shard (folder/seeds/) that ``r`` does not hold: each point on that key beside the held
+    seeds' mean, and where OpenStamp stands on that key alone."""
+    held, parts = r["config"]["seeds"], []
+    for path in sorted((folder / "seeds").glob("s*/results.json")):
+        shard = json.loads(path.read_text())
+        if set(shard["config"]["seeds"]) & set(held):
+            continue
+        if reason := mismatch(shard, r):
+            raise SystemExit(f"{path} is not a seed of the sweep: {reason}")
+        parts.append(_beside(r, shard, path))
+    return parts
+
+
+def _beside(r: dict, shard: dict, path: Path) -> list[str]:
+    """A shard's points next to the sweep's, and how many of its TPRs fall inside the sweep's bootstrap interval."""
+    held = ", ".join(map(str, r["config"]["seeds"]))
+    new = ", ".join(map(str, shard["config"]["seeds"]))
+    at = {(s["method"], s["strength"]): s for s in r["summary"]}
+    rows = [
+        f"Seed {new}, a further key run as its own shard (`benchmarks/results/sweep/seeds/{path.parent.name}`, "
+        f"`SWEEP_SEEDS={new} bash benchmarks/reference_runs.sh sweep`; {shard['created'][:10]}), beside seeds {held} "
+        f"above: TPR@1%FPR at full length with its 95% bootstrap interval over texts, and the own-perplexity cost "
+        f"(the original model {shard['references']['human']['own_ppl_original']:.2f}, the same human text).",
+        "",
+        f"| method | strength | TPR, seeds {held} | TPR, seed {new} | own PPL change, seeds {held} | seed {new} |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    inside = total = 0
+    for s in shard["summary"]:
+        before = at.get((s["method"], s["strength"]), {})
+        ci, y = interval(before.get("tpr_at_1pct_fpr")), s["tpr_at_1pct_fpr"]["mean"]
+        if ci:
+            total += 1
+            inside += ci[0] <= y <= ci[1]
+        cells = [fmt(before.get("tpr_at_1pct_fpr")), fmt(s["tpr_at_1pct_fpr"])]
+        cells += [fmt(before.get("own_ppl_change"), "own_ppl_change"), fmt(s["own_ppl_change"], "own_ppl_change")]
+        rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
+    verdicts = _verdicts(shard)[0]  # "Where openstamp stands ..." on this seed alone
+    rows += [
+        "",
+        f"Seed {new}'s TPR lies inside the interval of seeds {held} at {inside} of {total} points. On seed {new} "
+        f"alone (intervals over its texts only), {verdicts[0].lower()}{verdicts[1:]}",
+    ]
+    return rows

@@ -70,9 +70,11 @@ def test_shards_that_do_not_belong_together_are_refused(runs):
         merge_shards([s0])
     with pytest.raises(ValueError, match="seed 0 is in both"):
         merge_shards([s0, load_shard(root / "both")])
-    with pytest.raises(ValueError, match="ran other settings.*n: 8 there, 9 now"):
+    with pytest.raises(
+        ValueError, match="not shards of one comparison: they ran other settings \\(n: 8 there, 9 now\\)"
+    ):
         merge_shards([_edited(root, "s1", lambda r: r["config"].update(n=9)), s0])
-    with pytest.raises(ValueError, match="differ in the human reference"):
+    with pytest.raises(ValueError, match="differ in the human reference, so they did not score the same text"):
         merge_shards([s0, _edited(root, "s1", lambda r: r["references"]["human"].update(own_ppl_original=1.0))])
     with pytest.raises(ValueError, match="before results kept each run's scores"):
         merge_shards([s0, _edited(root, "s1", lambda r: [run.pop("scores") for run in r["runs"]])])

@@ -35,32 +35,43 @@ def load_shard(path: Path) -> tuple[str, dict]:
     return str(path), read_json(file, "results file")
 
 
+def mismatch(results: dict, other: dict) -> str:
+    """Why two evaluations are not shards of one comparison, '' where they are: a setting other than the seeds
+    differs, or they scored other human text (their human reference figures or the original model's downstream
+    accuracy differ)."""
+    defaults = EvalConfig().to_dict()
+    ours, theirs = ({**defaults, **{k: v for k, v in r["config"].items() if k != "seeds"}} for r in (results, other))
+    if changed := differences(ours, theirs):
+        return f"they ran other settings ({changed})"
+    for what, key in (
+        ("human reference", "references"),
+        ("original model's downstream accuracy", "downstream_original"),
+    ):
+        a, b = (r[key]["human"] if key == "references" else r[key] for r in (results, other))
+        if not _agree(a, b):
+            return f"they differ in the {what}, so they did not score the same text"
+    return ""
+
+
 def merge_shards(shards: list[tuple[str, dict]]) -> dict:
     """One results dict from the (name, results) of shards of the same comparison."""
     if len(shards) < 2:
         raise ValueError("a merge needs at least two results files")
-    (first_name, first), defaults = shards[0], EvalConfig().to_dict()
+    first_name, first = shards[0]
     seen: dict[int, str] = {}
     for name, results in shards:
         if any("scores" not in r for r in results["runs"]):
             raise ValueError(
-                f"{name} was written before results kept each run's scores: run the same `openstamp eval` "
-                "on its folder again (every stage is cached; only results.json is rewritten)"
+                f"{name} was written before results kept each run's scores: run the same `openstamp eval` on its "
+                "folder again (with its caches every stage is re-used and only results.json is rewritten; without "
+                "them its seeds run again)"
             )
-        config = {k: v for k, v in results["config"].items() if k != "seeds"}
-        wanted = {k: v for k, v in first["config"].items() if k != "seeds"}
-        if changed := differences({**defaults, **config}, {**defaults, **wanted}):
-            raise ValueError(f"{name} ran other settings than {first_name}: {changed}")
+        if reason := mismatch(results, first):
+            raise ValueError(f"{name} and {first_name} are not shards of one comparison: {reason}")
         for seed in results["config"]["seeds"]:
             if seed in seen:
                 raise ValueError(f"seed {seed} is in both {seen[seed]} and {name}; a shard holds its own seeds")
             seen[seed] = name
-        for what, ours, theirs in (
-            ("human reference", results["references"]["human"], first["references"]["human"]),
-            ("original model's downstream accuracy", results["downstream_original"], first["downstream_original"]),
-        ):
-            if not _agree(ours, theirs):
-                raise ValueError(f"{name} and {first_name} differ in the {what}: they did not score the same text")
     runs = sorted((r for _, results in shards for r in results["runs"]), key=lambda r: r["seed"])
     references = {"human": first["references"]["human"]}
     for _, results in shards:
