@@ -65,3 +65,12 @@ def add_seconds(seconds: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def sum_seconds(entries: list[dict[str, float]]) -> dict[str, float]:
+    """Each stage's seconds summed over ``entries`` (stage -> seconds dicts, e.g. one per invocation), to 0.1 s."""
+    totals: dict[str, float] = {}
+    for seconds in entries:
+        for stage, value in seconds.items():
+            totals[stage] = round(totals.get(stage, 0.0) + value, 1)
+    return totals

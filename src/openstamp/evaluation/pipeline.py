@@ -34,7 +34,7 @@ from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.models import load_model
-from openstamp.monitor import add_seconds
+from openstamp.monitor import add_seconds, sum_seconds
 from openstamp.storage import atomic_write_json, changed_settings, read_json
 from openstamp.text import prompt_windows
 
@@ -152,10 +152,7 @@ def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: 
     entry = {"started": started, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
     history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
     atomic_write_json(path, history)
-    totals: dict[str, float] = {}
-    for e in history:
-        for stage, value in e["seconds"].items():
-            totals[stage] = round(totals.get(stage, 0.0) + value, 1)
+    totals = sum_seconds([e["seconds"] for e in history])
     return {
         "stages": totals,
         "total": round(sum(totals.values()), 1),

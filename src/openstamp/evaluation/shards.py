@@ -21,6 +21,7 @@ import numpy as np
 from openstamp.config import EvalConfig
 from openstamp.evaluation.lengths import mean_curve
 from openstamp.evaluation.results import summarize
+from openstamp.monitor import sum_seconds
 from openstamp.storage import atomic_write_json, differences, read_json
 
 TOLERANCE = 1e-3  # relative: the same text's reference figures, maybe computed on another machine
@@ -131,10 +132,7 @@ def _timings(all_timings: list[dict | None]) -> dict | None:
     known = [t for t in all_timings if t]
     if not known:
         return None
-    stages: dict[str, float] = {}
-    for t in known:
-        for stage, seconds in t["stages"].items():
-            stages[stage] = round(stages.get(stage, 0.0) + seconds, 1)
+    stages = sum_seconds([t["stages"] for t in known])
     return {
         "stages": stages,
         "total": round(sum(stages.values()), 1),
