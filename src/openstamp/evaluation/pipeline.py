@@ -170,8 +170,12 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
     A run may grow: more seeds or more methods than the folder holds re-use every finished stage
     (the new config is recorded); dropping one is a change like any other.
     """
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
+    if not path.exists() and (out / "results.json").exists():
+        raise ValueError(
+            f"{out} holds results but no run (merged ones, from `openstamp merge-runs`); choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     wanted = asdict(cfg)
     if changed := changed_settings(path, wanted, "run config", asdict(EvalConfig()), grows=GROWS):
         raise ValueError(f"{out} holds a run with different settings ({changed}); choose another --out or delete it")
