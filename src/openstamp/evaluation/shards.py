@@ -44,12 +44,11 @@ def mismatch(results: dict, other: dict) -> str:
     ours, theirs = ({**defaults, **{k: v for k, v in r["config"].items() if k != "seeds"}} for r in (results, other))
     if changed := differences(ours, theirs):
         return f"they ran other settings ({changed})"
-    for what, key in (
-        ("human reference", "references"),
-        ("original model's downstream accuracy", "downstream_original"),
+    for what, of in (
+        ("human reference", lambda r: r["references"]["human"]),
+        ("original model's downstream accuracy", lambda r: r["downstream_original"]),
     ):
-        a, b = (r[key]["human"] if key == "references" else r[key] for r in (results, other))
-        if not _agree(a, b):
+        if not _agree(of(results), of(other)):
             return f"they differ in the {what}, so they did not score the same text"
     return ""
 
