@@ -68,9 +68,11 @@ def add_seconds(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 
 def sum_seconds(entries: list[dict[str, float]]) -> dict[str, float]:
-    """Each stage's seconds summed over ``entries`` (stage -> seconds dicts, e.g. one per invocation), to 0.1 s."""
+    """Each stage's seconds summed over ``entries`` (stage -> seconds dicts, e.g. one per invocation), to 1 ms.
+
+    The sum is rounded once, at the end: rounding each step would drop a stage whose every entry is short."""
     totals: dict[str, float] = {}
     for seconds in entries:
         for stage, value in seconds.items():
-            totals[stage] = round(totals.get(stage, 0.0) + value, 1)
-    return totals
+            totals[stage] = totals.get(stage, 0.0) + value
+    return {stage: round(value, 3) for stage, value in totals.items()}

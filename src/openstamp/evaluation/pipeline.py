@@ -149,13 +149,13 @@ def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: 
     """
     path = out / "timings.json"
     history = [e for e in (read_json(path, "timings") if path.exists() else []) if e["started"] != started]
-    entry = {"started": started, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+    entry = {"started": started, "seconds": {k: round(v, 3) for k, v in seconds.items()}}
     history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
     atomic_write_json(path, history)
     totals = sum_seconds([e["seconds"] for e in history])
     return {
         "stages": totals,
-        "total": round(sum(totals.values()), 1),
+        "total": round(sum(totals.values()), 3),
         "invocations": len(history),
         "complete": not any(e.get("untimed_earlier_work") for e in history),
     }

@@ -134,7 +134,7 @@ def _timings(all_timings: list[dict | None]) -> dict | None:
     stages = sum_seconds([t["stages"] for t in known])
     return {
         "stages": stages,
-        "total": round(sum(stages.values()), 1),
+        "total": round(sum(stages.values()), 3),
         "invocations": sum(t["invocations"] for t in known),
         "complete": len(known) == len(all_timings) and all(t.get("complete", True) for t in known),
         "shards": len(all_timings),
