@@ -43,25 +43,27 @@ sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, 4 strengths per method with the
   # weakest below TPR 1, n 200 per point. Each seed runs in its own folder (a shard: about 86 min on 2 CPU cores), so
   # seeds can run in separate sessions or on separate machines; a finished seed is kept with its scores under
-  # benchmarks/results/sweep/seeds/, and the kept seeds are merged into benchmarks/results/sweep/ (openstamp
-  # merge-runs) once there are two. SWEEP_SEEDS="2" runs one seed. KGW-distilled is left out: one 28-min distillation
-  # per strength and seed.
+  # benchmarks/results/sweep/seeds/, and once seeds 0, 1 and 2 are all kept they are merged into
+  # benchmarks/results/sweep/ (openstamp merge-runs); until then that folder keeps the last merge. SWEEP_SEEDS="2"
+  # runs one seed. KGW-distilled is left out: one 28-min distillation per strength and seed.
   local grids='grids={"openstamp": [0.25, 0.5, 0.75, 1.0], "openstamp-nosem": [0.25, 0.5, 0.75, 1.0],
     "unremovable": [0.2, 0.4, 0.6, 0.8], "gaussmark": [0.1, 0.2, 0.3, 0.4], "kgw": [0.5, 1.0, 1.5, 2.0],
     "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}'
-  local seeds=benchmarks/results/sweep/seeds
-  for seed in ${SWEEP_SEEDS:-0 1 2}; do
+  local seeds=benchmarks/results/sweep/seeds all=(0 1 2)
+  for seed in ${SWEEP_SEEDS:-${all[@]}}; do
     [ ! -f $seeds/s$seed/results.json ] || continue  # kept: this seed is done
     $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir \
       --sweep --set "$grids" --n 200 --new-tokens 64 --set lengths=16,32 --seeds $seed --out runs/sweep-s$seed
     mkdir -p $seeds/s$seed
     cp runs/sweep-s$seed/results.json runs/sweep-s$seed/report.md $seeds/s$seed/
   done
-  local kept=($seeds/s*/results.json)
-  if [ ${#kept[@]} -ge 2 ]; then
-    $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
-    cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
-  fi
+  local kept=()
+  for seed in "${all[@]}"; do
+    [ -f $seeds/s$seed/results.json ] || return 0  # not every seed is kept yet: the last merge stands
+    kept+=($seeds/s$seed/results.json)
+  done
+  $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
+  cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
 }
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;

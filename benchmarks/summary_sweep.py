@@ -27,9 +27,9 @@ def sweep(r: dict, folder: Path) -> list[str]:
     several = len(c["seeds"]) > 1
     seed_text = f"seeds {seeds} (a key and a sample per seed)." if several else f"one seed ({seeds}) so far."
     partial = (
-        f" The stage runs each seed as its own shard and merges the kept ones; this run holds seeds {seeds} in one "
-        "folder, written before runs kept their scores, so it merges with later shards only once its seeds are run "
-        "again as shards; later seeds are shown beside it below."
+        f" The stage runs each seed as its own shard and merges seeds 0, 1, 2 once all three are kept; this run holds "
+        f"seeds {seeds} in one folder, written before runs kept their scores, so it stands until then; seeds kept "
+        "as shards and not in it are shown beside it below."
         if len(c["seeds"]) < 3 and any("scores" not in run for run in r["runs"])
         else ""
     )
