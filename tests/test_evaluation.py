@@ -122,6 +122,37 @@ def test_every_run_reports_its_own_perplexity_against_the_original(finished_run)
     assert all(abs(run["metrics"]["own_ppl_change"]) > 0 for run in results["runs"])
 
 
+def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_run, model_dir, corpus_file):
+    """The eval starts a keeps_hidden method's own perplexity from the original's cached states; recomputed here
+    with the key applied and no cache, every run's NLLs are the same."""
+    from openstamp.evaluation.own_ppl import window_nll
+    from openstamp.models import load_model
+    from openstamp.text import bos_prefix
+
+    out, results, _ = finished_run
+    cfg = EvalConfig.from_file(str(out / "config.json"))
+    model, tok = load_model(str(model_dir))
+    windows = json.loads((out / "data" / "prompts.json").read_text())
+    pairs = [(bos_prefix(tok) + w["prompt"], w["human"]) for w in windows]
+    reused = 0
+    for run in results["runs"]:
+        if pipeline.REGISTRY[run["method"]].key_per_strength:  # as the eval loads keys
+            method = pipeline.keyed_method(out, run["method"], run["seed"], cfg, model, tok, [], run["strength"])
+        else:
+            method = pipeline.keyed_method(out, run["method"], run["seed"], cfg, model, tok, []).with_strength(
+                run["strength"]
+            )
+        reused += method.keeps_hidden
+        method.apply(model)
+        try:
+            fresh = window_nll(model, pairs, method.logits_processor(), cfg.score_batch_size)
+        finally:
+            method.revert(model)
+        kept = json.loads((out / "own_ppl" / f"{run['generations'].replace('/', '_')}.json").read_text())
+        assert kept == pytest.approx(fresh, rel=1e-6), run["run"]
+    assert reused >= 4  # unremovable, kgw, kgw-llr, sir
+
+
 def test_rerender_and_config_mismatch(finished_run, model_dir, corpus_file):
     out, _, methods = finished_run
     (out / "report.md").unlink()

@@ -14,6 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
+from openstamp.hidden import final_hidden
 from openstamp.methods import REGISTRY, Carrier, create
 from openstamp.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
 from openstamp.methods.gaussmark import gradient_projection, up_proj
@@ -230,6 +231,21 @@ def test_apply_adds_noise_of_the_requested_std_and_revert_is_bit_exact(env, name
     restored = model.state_dict()
     assert restored.keys() == before.keys()
     assert all(torch.equal(restored[k], before[k]) for k in before)
+
+
+@pytest.mark.parametrize("name", [n for n in BASELINES if REGISTRY[n].carrier is Carrier.WEIGHTS])
+def test_keeps_hidden_says_whether_the_decoder_states_stay_the_originals(env, name):
+    """The eval re-uses the original model's hidden states for a method that keeps them: the claim must hold."""
+    model, _ = load_model(str(env.dir))
+    ids = torch.tensor(encode(env.tok, [env.plain[0]]))
+    mask = torch.ones_like(ids)
+    before = final_hidden(model, ids, mask).clone()
+    method = built(env, name, seed=3, **{REGISTRY[name].strength: TEST_STRENGTH[name]})
+    method.apply(model)
+    try:
+        assert torch.equal(final_hidden(model, ids, mask), before) == method.keeps_hidden
+    finally:
+        method.revert(model)
 
 
 def test_unremovable_bias_shifts_every_logit_and_drives_generate(env):

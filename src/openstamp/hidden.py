@@ -105,7 +105,8 @@ class HiddenCache:
     Scoring the same texts with several detectors of one model (an eval's human continuations, once
     per method and strength) then runs the decoder once. An entry is used only for the very model
     object that made it (a weak reference), and only while the caller keeps that model's decoder
-    unchanged: weight-level methods apply their watermark outside ``reusing`` and revert it exactly.
+    unchanged: weight-level methods apply their watermark outside ``reusing`` and revert it exactly,
+    unless the watermark leaves the decoder alone (``WatermarkMethod.keeps_hidden``).
     Bounded by ``max_bytes``: the least recently used entries go first.
     """
 

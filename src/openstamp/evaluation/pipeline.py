@@ -19,6 +19,7 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -80,12 +81,14 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
         key_docs = split_documents(load_documents(cfg.key_corpus), "key")
         windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
     prompts = [w["prompt"] for w in windows]
-    with add_seconds(seconds, "own_ppl"):
+    # the original model's hidden states of the human and unwatermarked texts, computed once: every detector scores
+    # with them, and the own perplexity of a watermark that leaves the decoder alone (keeps_hidden) starts from them
+    hidden = HiddenCache()
+    with add_seconds(seconds, "own_ppl"), reusing(hidden):
         score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
     with add_seconds(seconds, "downstream"):
         score_downstream(out, "original", model, tokenizer, None, cfg)
     runs = []
-    hidden = HiddenCache()  # the human and unwatermarked texts go through the decoder once, for every detector
     for seed in cfg.seeds:
         with add_seconds(seconds, "generate"):
             generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
@@ -106,7 +109,10 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
                     with add_seconds(seconds, "generate"):
                         processor = variant.logits_processor()  # a fresh one per use: some keep state
                         generate_set(out, gen_name, model, tokenizer, prompts, cfg, seed, processor, progress, choice)
-                    with add_seconds(seconds, "own_ppl"):
+                    with (
+                        add_seconds(seconds, "own_ppl"),
+                        reusing(hidden) if variant.keeps_hidden else contextlib.nullcontext(),
+                    ):
                         processor = variant.logits_processor()
                         score_own_ppl(out, gen_name, model, tokenizer, windows, processor, cfg, progress)
                     with add_seconds(seconds, "downstream"):

@@ -55,6 +55,8 @@ class WatermarkMethod(ABC):
     ``key_fields`` (the attributes ``build``/``load`` set: the key) and, for a decode-time
     method, ``carrier = Carrier.DECODER``. ``key_per_strength`` marks a key trained at its
     strength (kgw-distilled): the eval then builds one key per strength instead of sharing one.
+    ``head_only`` marks a weight-level watermark that changes lm_head alone (Unremovable's bias);
+    OpenStamp is not one: on a tied model its ``U~`` is the input embedding too.
     """
 
     name: ClassVar[str]
@@ -64,6 +66,7 @@ class WatermarkMethod(ABC):
     key_fields: ClassVar[tuple[str, ...]]
     carrier: ClassVar[Carrier] = Carrier.WEIGHTS
     key_per_strength: ClassVar[bool] = False
+    head_only: ClassVar[bool] = False  # a weight-level watermark that patches lm_head alone, never the decoder
 
     def __init__(self, config: Any | None = None) -> None:
         self.config = config if config is not None else self.config_class()
@@ -71,6 +74,12 @@ class WatermarkMethod(ABC):
     @property
     def strength_value(self) -> float:
         return float(getattr(self.config, self.strength))
+
+    @property
+    def keeps_hidden(self) -> bool:
+        """True when the watermarked model's final hidden states are the original's (a decode-time method, or a
+        weight-level one that is ``head_only``): the eval then re-uses the original model's states for it."""
+        return self.carrier is Carrier.DECODER or self.head_only
 
     # -- key ---------------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ class Unremovable(WatermarkMethod):
     strength = "epsilon"
     sweep = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # the paper's grid; 0.8 is its representative value
     key_fields = ("noise", "excluded")
+    head_only = True  # the bias lives in lm_head: the decoder's hidden states stay the original's
     noise: torch.Tensor  # float32 (|V|,), standard normal; zero on excluded ids
     excluded: torch.Tensor  # long (k,), ids that carry no bias and are never scored
     _saved: tuple[torch.Tensor | None] | None = None  # the head's bias before ``apply``
