@@ -31,6 +31,7 @@ from openstamp.config import EvalConfig
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
+from openstamp.evaluation.scoring import score_downstream, score_own_ppl, score_perplexity, score_run
 from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
@@ -331,80 +332,3 @@ def _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed) -> None
         n = len(prompts[s : s + cfg.batch_size])
         atomic_write_json(directory / f"b{b:04d}.json", ids[:n])
         ids = ids[n:]
-
-
-def score_downstream(out, name, model, tokenizer, processor, cfg) -> None:
-    """Per-item accuracy on cfg.downstream's lm-eval tasks of the model as it generates now (cached per set)."""
-    if not cfg.downstream:
-        return
-    from openstamp.evaluation.downstream import accuracy, build_local_tasks, processed_logits, task_names
-
-    path = out / "downstream" / f"{name.replace('/', '_')}.json"
-    if path.exists():
-        return
-    task_dir = out / "downstream" / "tasks"
-    if not (task_dir / "done").exists():
-        task_dir.mkdir(parents=True, exist_ok=True)
-        build_local_tasks(task_dir, cfg.corpus, cfg.downstream_limit)
-        (task_dir / "done").touch()
-    log.info("downstream accuracy of %s", name)
-    with processed_logits(model, processor):
-        acc = accuracy(
-            model, tokenizer, task_names(cfg.downstream), task_dir, cfg.downstream_limit, cfg.score_batch_size
-        )
-    atomic_write_json(path, acc)
-
-
-def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress) -> None:
-    """The model's own NLL on each human continuation given its prompt, as it generates now."""
-    from openstamp.evaluation.own_ppl import window_nll
-    from openstamp.text import bos_prefix
-
-    path = out / "own_ppl" / f"{name.replace('/', '_')}.json"
-    if path.exists():
-        return
-    bos = bos_prefix(tokenizer)
-    pairs = [(bos + w["prompt"], w["human"]) for w in windows]
-    nll = window_nll(model, pairs, processor, cfg.score_batch_size, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, nll)
-
-
-def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) -> None:
-    """The run's detector on its watermarked text and on both negative sets, all as decoded text."""
-    path = out / "scores" / f"{run.replace('/', '_')}.json"
-    if path.exists():
-        return
-    sets = {
-        "watermarked": load_generations(out, gen_name),
-        "human": [w["human"] for w in windows],
-        "unwatermarked": load_generations(out, f"unwatermarked/s{seed}"),
-    }
-    scores = {}
-    for name, ids in sets.items():
-        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        scores[name] = [asdict(s) for s in method.score(model, tokenizer, texts, cfg.score_batch_size)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, scores)
-
-
-def score_perplexity(out, cfg, tokenizer, windows, runs, progress) -> None:
-    """Oracle perplexity of every completion set given its prompts (and of the human continuations)."""
-    from openstamp.evaluation.oracle import perplexities
-
-    prompts = tokenizer.batch_decode([w["prompt"] for w in windows], skip_special_tokens=True)
-    sets = {"human": [w["human"] for w in windows]}
-    for seed in cfg.seeds:
-        sets[f"unwatermarked/s{seed}"] = None
-    for r in runs:
-        sets[r["generations"]] = None
-    todo = [s for s in sets if not (out / "ppl" / f"{s.replace('/', '_')}.json").exists()]
-    if not todo:
-        return
-    oracle, oracle_tok = load_model(cfg.oracle, dtype=cfg.dtype, device=cfg.device)
-    for name in todo:
-        ids = sets[name] if sets[name] is not None else load_generations(out, name)
-        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        values = perplexities(oracle, oracle_tok, prompts, texts, progress=progress)
-        (out / "ppl").mkdir(exist_ok=True)
-        atomic_write_json(out / "ppl" / f"{name.replace('/', '_')}.json", values)
