@@ -63,6 +63,20 @@ def score_reuse(r: dict) -> list[str]:
     ]
 
 
+def own_ppl_reuse(r: dict) -> list[str]:
+    s, t = r["settings"], r["seconds"]
+    grids = "; ".join(f"{name} {', '.join(map(str, grid))}" for name, grid in r["methods"].items())
+    return [
+        f"The own perplexity of watermarks that leave the decoder alone (`python benchmarks/own_ppl_reuse.py "
+        f"--n {s['n']}`): the original model and {r['passes'] - 1} variants ({grids}: the sweep's grids) on "
+        f"{s['n']} human continuations of 50 + 64 tokens take {t['without_reuse']:.1f} s running the decoder for "
+        f"each and {t['with_reuse']:.1f} s starting from the original's hidden states ({r['speedup']:.2f}x; largest "
+        f"NLL difference {r['max_nll_difference']:.1e}). The eval's own-perplexity stage does this for every method "
+        "whose `keeps_hidden` holds (KGW, KGW+LLR, SIR, Unremovable); OpenStamp on a tied model re-ties U~ into "
+        "its input embeddings and GaussMark perturbs an MLP, so theirs run the decoder.",
+    ]
+
+
 def detect_quality(r: dict) -> list[str]:
     rows = [
         f"Detection quality (`python benchmarks/detect_quality.py`): {r['n']} watermarked completions of "
@@ -378,6 +392,7 @@ def render() -> str:
         ("selector_variants", selector_variants),
         ("detect_speed", detect_speed),
         ("score_reuse", score_reuse),
+        ("own_ppl_reuse", own_ppl_reuse),
         ("detect_quality", detect_quality),
         ("retie", retie),
     ]
