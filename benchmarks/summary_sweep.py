@@ -95,12 +95,40 @@ def later_seeds(r: dict, folder: Path) -> list[list[str]]:
     held, parts = r["config"]["seeds"], []
     for path in sorted((folder / "seeds").glob("s*/results.json")):
         shard = json.loads(path.read_text())
+        if set(shard["config"]["seeds"]) <= set(held):
+            if "shards" not in r:  # a sweep merged from the kept shards holds them already
+                parts.append(_again(r, shard, path))
+            continue
         if set(shard["config"]["seeds"]) & set(held):
             continue
         if reason := mismatch(shard, r):
             raise SystemExit(f"{path} is not a seed of the sweep: {reason}")
         parts.append(_beside(r, shard, path))
     return parts
+
+
+AGAIN = ("tpr_at_1pct_fpr", "auroc", "flagged_at_p_0.01", "own_ppl_change", "ppl_mean", "seq_rep_3")
+
+
+def _again(r: dict, shard: dict, path: Path) -> list[str]:
+    """A shard of seeds the sweep already holds: which runs reproduced their figures (to 1e-6), and how the others
+    moved."""
+    seeds = ", ".join(map(str, shard["config"]["seeds"]))
+    held = {(run["method"], run["strength"], run["seed"]): run["metrics"] for run in r["runs"]}
+    moved: dict[str, list[str]] = {}
+    for run in shard["runs"]:
+        before, now = held[(run["method"], run["strength"], run["seed"])], run["metrics"]
+        if any(abs(now[k] - before[k]) > 1e-6 * max(1.0, abs(before[k])) for k in AGAIN if before.get(k) is not None):
+            tpr = "tpr_at_1pct_fpr"
+            moved.setdefault(run["method"], []).append(f"{run['strength']:g}: {before[tpr]:.3f} -> {now[tpr]:.3f}")
+    same = len(shard["runs"]) - sum(map(len, moved.values()))
+    detail = "; ".join(f"{method} (TPR@1%FPR at {', '.join(rows)})" for method, rows in moved.items())
+    return [
+        f"Seed {seeds} run again as its own shard (`benchmarks/results/sweep/seeds/{path.parent.name}`, "
+        f"`SWEEP_SEEDS={seeds} bash benchmarks/reference_runs.sh sweep`; {shard['created'][:10]}, with its scores) "
+        f"against the same seed in the sweep above: {same} of {len(shard['runs'])} runs give the same "
+        f"{', '.join(AGAIN)} (to 1e-6)" + (f"; these moved: {detail}." if moved else ".")
+    ]
 
 
 def _beside(r: dict, shard: dict, path: Path) -> list[str]:
