@@ -136,12 +136,7 @@ def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_r
     pairs = [(bos_prefix(tok) + w["prompt"], w["human"]) for w in windows]
     reused = 0
     for run in results["runs"]:
-        if pipeline.REGISTRY[run["method"]].key_per_strength:  # as the eval loads keys
-            method = pipeline.keyed_method(out, run["method"], run["seed"], cfg, model, tok, [], run["strength"])
-        else:
-            method = pipeline.keyed_method(out, run["method"], run["seed"], cfg, model, tok, []).with_strength(
-                run["strength"]
-            )
+        method = pipeline.keyed_variant(out, run["method"], run["seed"], cfg, model, tok, [], run["strength"], {})
         reused += method.keeps_hidden
         method.apply(model)
         try:

@@ -89,19 +89,14 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
         score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
     with add_seconds(seconds, "downstream"):
         score_downstream(out, "original", model, tokenizer, None, cfg)
-    runs = []
+    runs, keys = [], {}  # keys: each method's one key per seed, shared by its strengths
     for seed in cfg.seeds:
         with add_seconds(seconds, "generate"):
             generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
         for name in cfg.methods:
-            method = None
             for strength in strengths(cfg, name):
                 with add_seconds(seconds, "keys"):
-                    if REGISTRY[name].key_per_strength:  # a key trained at its strength: one key each
-                        variant = keyed_method(out, name, seed, cfg, model, tokenizer, key_docs, strength)
-                    else:
-                        method = method or keyed_method(out, name, seed, cfg, model, tokenizer, key_docs)
-                        variant = method.with_strength(strength)
+                    variant = keyed_variant(out, name, seed, cfg, model, tokenizer, key_docs, strength, keys)
                 run = f"{name}@{strength:g}/s{seed}"
                 gen_name = generation_name(variant, strength, seed)
                 if variant.carrier is Carrier.WEIGHTS:
@@ -261,6 +256,16 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float |
     atomic_write_json(directory / "settings.json", settings)
     (directory / "done").write_text("")
     return method
+
+
+def keyed_variant(out, name, seed, cfg, model, tokenizer, docs, strength: float, keys: dict) -> WatermarkMethod:
+    """The method at ``strength`` with its key: a key trained at that strength (``key_per_strength``: one key
+    each), else the seed's one key, built or loaded once into ``keys``, at that strength."""
+    if REGISTRY[name].key_per_strength:
+        return keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength)
+    if (name, seed) not in keys:
+        keys[name, seed] = keyed_method(out, name, seed, cfg, model, tokenizer, docs)
+    return keys[name, seed].with_strength(strength)
 
 
 def strengths(cfg: EvalConfig, name: str) -> list[float]:
