@@ -216,6 +216,30 @@ def test_saved_keys_carry_fingerprints_for_the_base_model(finished_run, model_di
     assert check_key(base, key) == "original"  # reloaded keys (e.g. by the attacks) still match the model
 
 
+def test_each_run_records_the_digest_of_the_key_that_made_it(finished_run, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from openstamp.methods.common import key_digest
+
+    out, results, _ = finished_run
+    digest = {r["method"]: r["key_sha256"] for r in results["runs"]}
+    key = out / "keys" / "openstamp" / "s0"
+    assert digest["openstamp"] == key_digest(key)
+    assert digest["kgw"] == digest["kgw-llr"]  # one seed's green lists, scored two ways
+    assert len(set(digest.values())) == len(digest) - 1
+    copy = tmp_path / "copy"
+    shutil.copytree(key, copy)
+    assert key_digest(copy) == digest["openstamp"]  # the tensors, not where they lie
+    tensors = load_file(str(copy / "key" / "key.safetensors"))
+    selector = tensors["selector"].clone()
+    selector.view(-1)[0] = torch.nextafter(selector.view(-1)[0], torch.tensor(float("inf")))  # one ulp
+    save_file({**tensors, "selector": selector}, str(copy / "key" / "key.safetensors"))
+    assert key_digest(copy) != digest["openstamp"]
+
+
 def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
     from openstamp.evaluation.lengths import lengths_path
     from openstamp.storage import read_json

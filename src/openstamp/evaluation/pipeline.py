@@ -35,6 +35,7 @@ from openstamp.evaluation.scoring import score_downstream, score_own_ppl, score_
 from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
+from openstamp.methods.common import key_digest
 from openstamp.models import load_model
 from openstamp.monitor import add_seconds, sum_seconds
 from openstamp.storage import atomic_write_json, changed_settings, read_json
@@ -132,6 +133,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
                         "seed": seed,
                         "generations": gen_name,
                         "settings": variant.describe(),
+                        "key_sha256": key_digest(key_directory(out, cfg, name, seed, strength)),
                     }
                 )
                 record_timings(out, started, seconds)

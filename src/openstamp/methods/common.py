@@ -81,6 +81,23 @@ def load_key(directory: Path, config_class: type) -> tuple[Any, dict[str, torch.
     return config, load_file(str(directory / "key.safetensors"))
 
 
+def key_digest(directory: Path) -> str:
+    """sha256 of the tensors in every ``*.safetensors`` file under a key directory (names, dtypes, shapes, bytes).
+
+    Two keys with one digest hold bit-identical tensors, so a run's results can say which key made
+    them, and a key rebuilt from its seed elsewhere can be checked against the one a run used.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(Path(directory).rglob("*.safetensors")):
+        tensors = load_file(str(path))
+        digest.update(path.relative_to(directory).as_posix().encode())
+        for name in sorted(tensors):
+            t = tensors[name].contiguous()
+            digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def secret_tensor(secret: bytes) -> torch.Tensor:
     """The secret as a uint8 tensor (for safetensors)."""
     return torch.tensor(list(secret), dtype=torch.uint8)
