@@ -9,6 +9,7 @@ from openstamp.cli import app
 from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import METRICS
 from openstamp.evaluation.report import COLUMNS, fmt, shown_columns
+from openstamp.monitor import machine
 
 runner = CliRunner()
 METHODS = tuple(pipeline.REGISTRY)  # every registered method
@@ -371,7 +372,15 @@ def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
     timings = pipeline.record_timings(tmp_path, "t0", {"generate": 1.0}, untimed=True)
     assert not timings["complete"] and timings["total"] == 1.0
     later = pipeline.record_timings(tmp_path, "t1", {"generate": 2.0, "score": 0.5})
-    assert later == {"stages": {"generate": 3.0, "score": 0.5}, "total": 3.5, "invocations": 2, "complete": False}
+    here = machine()  # each invocation records its processor and thread count; the sums list each machine once
+    assert later == {
+        "stages": {"generate": 3.0, "score": 0.5},
+        "total": 3.5,
+        "invocations": 2,
+        "machines": [here],
+        "complete": False,
+    }
+    assert set(here) == {"cpu", "threads"} and here["cpu"] and here["threads"] >= 1
 
 
 def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_path):

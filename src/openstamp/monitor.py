@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import platform
+import re
 import resource
 import threading
 import time
@@ -10,6 +12,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def machine() -> dict:
+    """The processor's model name (what decides the float kernels; the architecture where it is unknown) and
+    torch's thread count: what a trained key's bits can depend on."""
+    import torch
+
+    try:
+        with open("/proc/cpuinfo") as fh:
+            found = re.search(r"^model name\s*:\s*(.+)$", fh.read(), re.M)
+    except OSError:
+        found = None
+    return {"cpu": found.group(1).strip() if found else platform.machine(), "threads": torch.get_num_threads()}
 
 
 def current_rss_mb() -> float:

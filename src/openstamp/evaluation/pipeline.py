@@ -37,7 +37,7 @@ from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.methods.common import key_digest
 from openstamp.models import load_model
-from openstamp.monitor import add_seconds, sum_seconds
+from openstamp.monitor import add_seconds, machine, sum_seconds
 from openstamp.storage import atomic_write_json, changed_settings, read_json
 from openstamp.text import prompt_windows
 
@@ -145,7 +145,8 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
 
 
 def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: bool = False) -> dict:
-    """Write this invocation's stage seconds into out/timings.json (one entry per invocation, by start time).
+    """Write this invocation's stage seconds and machine into out/timings.json (one entry per invocation, by start
+    time).
 
     Called after every run, so a killed invocation keeps what it had spent. Returns each stage's sum
     over every invocation so far; ``complete`` is False when the run directory held work done before
@@ -153,14 +154,16 @@ def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: 
     """
     path = out / "timings.json"
     history = [e for e in (read_json(path, "timings") if path.exists() else []) if e["started"] != started]
-    entry = {"started": started, "seconds": {k: round(v, 3) for k, v in seconds.items()}}
+    entry = {"started": started, "seconds": {k: round(v, 3) for k, v in seconds.items()}, "machine": machine()}
     history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
     atomic_write_json(path, history)
     totals = sum_seconds([e["seconds"] for e in history])
+    machines = [e["machine"] for e in history if "machine" in e]
     return {
         "stages": totals,
         "total": round(sum(totals.values()), 3),
         "invocations": len(history),
+        "machines": [m for i, m in enumerate(machines) if m not in machines[:i]],  # each processor and thread count
         "complete": not any(e.get("untimed_earlier_work") for e in history),
     }
 
