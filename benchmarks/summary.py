@@ -86,10 +86,27 @@ def key_rebuild(r: dict) -> list[str]:
         f"Rebuilding a trained key from its seed (`python benchmarks/key_rebuild.py --key {r['settings']['key']}`): "
         f"{r['method']}'s seed-{r['settings']['seed']} key, built by the eval, built again in a new process on the "
         f"same machine ({r['cpu']}); largest absolute difference per tensor: {runs}. On one machine, with the "
-        "eval's thread count, the seed rebuilds the key bit for bit; across sessions it did not (seed 0 of the sweep, "
-        "below, with no key-building code changed in between), which points at the machine's floating-point "
-        "kernels: OpenStamp's P and S and SIR's transform are trained in floating point (the green lists come from "
-        "SHAKE-256), so a key is kept by its saved files, not by its seed.",
+        "eval's thread count, the seed rebuilds the key bit for bit; across sessions it did not always (seeds 0 and 1 "
+        "of the sweep run again as shards, below, with no key-building code changed in between: on seed 0 "
+        "OpenStamp's and SIR's runs moved, on seed 1 the no-projection ablation's and SIR's), which points at the "
+        "machine's floating-point kernels or thread count: OpenStamp's P and S, the ablation's S and SIR's transform "
+        "are trained in floating point (the green lists come from SHAKE-256), so a key is kept by its saved files, "
+        "not by its seed.",
+    ]
+
+
+def key_rebuild_from_results(r: dict) -> list[str]:
+    runs = "; ".join(
+        f"{row['threads']} thread(s), {row['seconds']:.0f} s: {'identical' if row['identical'] else 'different'}"
+        for row in r["rows"]
+    )
+    machines = ", ".join(f"{m['cpu']}, {m['threads']} threads" for m in r["eval"]["machines"] or []) or "unrecorded"
+    return [
+        f"Rebuilding a key against a kept results.json (`python benchmarks/key_rebuild.py --results "
+        f"{r['settings']['results']} --seed {r['settings']['seed']} --method {r['method']}`): the key built as that "
+        f"eval built it, on {r['cpu']}, its tensors' sha256 against the run's `key_sha256` (the eval "
+        f"{r['eval']['created'][:10]}, on {machines}): {runs}. Run in a later session, the same command checks "
+        "whether another machine rebuilds the key.",
     ]
 
 
@@ -410,6 +427,7 @@ def render() -> str:
         ("score_reuse", score_reuse),
         ("own_ppl_reuse", own_ppl_reuse),
         ("key_rebuild", key_rebuild),
+        ("key_rebuild_from_results", key_rebuild_from_results),
         ("detect_quality", detect_quality),
         ("retie", retie),
     ]

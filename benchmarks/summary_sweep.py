@@ -93,13 +93,13 @@ def later_seeds(r: dict, folder: Path) -> list[list[str]]:
     """Per seed kept as a shard (folder/seeds/) that ``r`` does not hold: each point on that key beside the held
     seeds' mean, and where OpenStamp stands on that key alone."""
     held, parts = r["config"]["seeds"], []
+    earlier, where = (r, "the sweep above") if "shards" not in r else _earlier(folder)
     for path in sorted((folder / "seeds").glob("s*/results.json")):
         shard = json.loads(path.read_text())
-        if set(shard["config"]["seeds"]) <= set(held):
-            if "shards" not in r:  # a sweep merged from the kept shards holds them already
-                parts.append(_again(r, shard, path))
-            continue
-        if set(shard["config"]["seeds"]) & set(held):
+        seeds = set(shard["config"]["seeds"])
+        if earlier and seeds <= set(earlier["config"]["seeds"]):
+            parts.append(_again(earlier, where, shard, path))
+        if seeds & set(held):  # held already: a sweep merged from the kept shards holds them
             continue
         if reason := mismatch(shard, r):
             raise SystemExit(f"{path} is not a seed of the sweep: {reason}")
@@ -107,10 +107,22 @@ def later_seeds(r: dict, folder: Path) -> list[list[str]]:
     return parts
 
 
+def _earlier(folder: Path) -> tuple[dict | None, str]:
+    """The stage's run from before seeds ran as shards (seeds 0 and 1 in one folder), kept in folder/two-seed/ so
+    that the shards of its seeds can be checked against it once the merged sweep replaces it."""
+    path = folder / EARLIER / "results.json"
+    if not path.exists():
+        return None, ""
+    r = json.loads(path.read_text())
+    seeds, when = ", ".join(map(str, r["config"]["seeds"])), r["created"][:10]
+    return r, f"the stage's earlier run of seeds {seeds} in one folder (`benchmarks/results/sweep/{EARLIER}`, {when})"
+
+
+EARLIER = "two-seed"
 AGAIN = ("tpr_at_1pct_fpr", "auroc", "flagged_at_p_0.01", "own_ppl_change", "ppl_mean", "seq_rep_3")
 
 
-def _again(r: dict, shard: dict, path: Path) -> list[str]:
+def _again(r: dict, where: str, shard: dict, path: Path) -> list[str]:
     """A shard of seeds the sweep already holds: which runs reproduced their figures (to 1e-6), and how the others
     moved."""
     seeds = ", ".join(map(str, shard["config"]["seeds"]))
@@ -126,7 +138,7 @@ def _again(r: dict, shard: dict, path: Path) -> list[str]:
     return [
         f"Seed {seeds} run again as its own shard (`benchmarks/results/sweep/seeds/{path.parent.name}`, "
         f"`SWEEP_SEEDS={seeds} bash benchmarks/reference_runs.sh sweep`; {shard['created'][:10]}, with its scores) "
-        f"against the same seed in the sweep above: {same} of {len(shard['runs'])} runs give the same "
+        f"against the same seed in {where}: {same} of {len(shard['runs'])} runs give the same "
         f"{', '.join(AGAIN)} (to 1e-6)" + (f"; these moved: {detail}." if moved else ".")
     ]
 
