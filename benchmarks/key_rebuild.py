@@ -19,13 +19,11 @@ same method's key with each thread count of ``--threads`` and compares it with o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import tempfile
 import time
 from pathlib import Path
 
-import torch
 from common import write_result
 from safetensors.torch import load_file
 
@@ -34,7 +32,7 @@ from openstamp.config import EvalConfig
 from openstamp.evaluation.pipeline import key_directory, keyed_method
 from openstamp.methods import create
 from openstamp.methods.common import key_digest
-from openstamp.monitor import machine
+from openstamp.monitor import machine, thread_count
 
 
 def main() -> None:
@@ -106,16 +104,6 @@ def from_results(args) -> None:
             "rows": rows,
         },
     )
-
-
-@contextlib.contextmanager
-def thread_count(threads: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from openstamp.key.key import WatermarkKey
+from openstamp.monitor import thread_count
 from openstamp.patch import tensor_sha256, tied_head_mode
 
 SEVERITIES = ("high", "medium", "info")
@@ -121,12 +122,8 @@ def sketch_rank(blocks: Iterator[torch.Tensor], width: int, *, tol: float = 1e-3
         signs = torch.randint(0, 2, (len(rows), 1), generator=generator).to(torch.float64) * 2 - 1
         sketch.index_add_(0, where, rows * signs)
     gram = sketch.T @ sketch  # (d, d): its eigenvalues are the squared singular values
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a small dense eigensolve; threads only stall when the CPU is shared
-    try:
+    with thread_count(1):  # a small dense eigensolve; threads only stall when the CPU is shared
         values = torch.linalg.eigvalsh(gram).flip(0).clamp(min=0)
-    finally:
-        torch.set_num_threads(threads)
     if values[0] == 0:
         return 0
     return int((values > tol**2 * values[0]).sum())

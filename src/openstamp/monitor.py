@@ -27,6 +27,19 @@ def machine() -> dict:
     return {"cpu": found.group(1).strip() if found else platform.machine(), "threads": torch.get_num_threads()}
 
 
+@contextmanager
+def thread_count(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` within the block, restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def current_rss_mb() -> float:
     """Resident set size of this process now (Linux /proc), else the peak so far."""
     try:
