@@ -41,8 +41,9 @@ cost() {
 }
 sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, 4 strengths per method with the
-  # weakest below TPR 1, n 200 per point. Each seed runs in its own folder (a shard: 99 to 124 min on 2 CPU cores, timings_s in its results.json), so
-  # seeds can run in separate sessions or on separate machines; a finished seed is kept with its scores under
+  # weakest below TPR 1, n 200 per point. Each seed runs in its own folder (a shard: 99 to 124 min on 2 CPU cores,
+  # timings_s in its results.json), so seeds can run in separate sessions or on separate machines; a finished seed
+  # is kept with its scores under
   # benchmarks/results/sweep/seeds/, and once seeds 0, 1 and 2 are all kept they are merged into
   # benchmarks/results/sweep/ (openstamp merge-runs); until then that folder keeps the last merge. SWEEP_SEEDS="2"
   # runs one seed. KGW-distilled is left out: one 28-min distillation per strength and seed.
