@@ -77,10 +77,13 @@ def main() -> None:
 def from_results(args) -> None:
     """Build ``args.method``'s seed key as the eval of ``args.results`` did; compare its digest with the runs'."""
     results = json.loads(args.results.read_text())
-    recorded = {r["key_sha256"] for r in results["runs"] if (r["method"], r["seed"]) == (args.method, args.seed)}
+    recorded = {r.get("key_sha256") for r in results["runs"] if (r["method"], r["seed"]) == (args.method, args.seed)}
     recorded.discard(None)
     if len(recorded) != 1:
-        raise SystemExit(f"{args.results} records no single key_sha256 for {args.method} seed {args.seed}")
+        raise SystemExit(
+            f"{args.results} records no single key_sha256 for {args.method} seed {args.seed} "
+            "(runs written before runs recorded their key's digest hold none)"
+        )
     cfg = EvalConfig.from_dict(results["config"])
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     docs = split_documents(load_documents(cfg.key_corpus), "key")
