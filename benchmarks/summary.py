@@ -13,6 +13,7 @@ from pathlib import Path
 
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
+from summary_para import paraphrase64
 from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
@@ -440,6 +441,7 @@ def render() -> str:
     if ev.exists():
         out += evaluation(json.loads(ev.read_text())) + [""]
         out += robustness(ev.parent) + [""]
+    out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
         cfg = json.loads(durable.read_text())["config"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from summary_para import paraphrase_detail
-
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
 # created before it measured untied OpenStamp releases.
 RETIED_FROM = "2026-11-24T05:13:56+00:00"
@@ -107,7 +105,7 @@ def robustness(folder: Path, source: str = "`bash benchmarks/reference_runs.sh`"
         rows += ["", f"Rebuilding the selector S without the owner's corpus or seed: {conditions}."]
     if "ft-distilled" in attack:
         rows += fade_table(attack["ft-distilled"])
-    return rows + paraphrase_detail(attack)
+    return rows
 
 
 def fade_table(r: dict) -> list[str]:
