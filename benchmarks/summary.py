@@ -53,14 +53,23 @@ def detect_speed(r: dict) -> list[str]:
 
 def score_reuse(r: dict) -> list[str]:
     s, t = r["settings"], r["seconds"]
+    cuts, same = s.get("cuts"), f"identical scores: {r['identical_scores']}"
+    then = f", then on each cut to {' and '.join(map(str, cuts))} tokens (the length curve)" if cuts else ""
+    if cuts:  # the length curve's cut texts, served from the full texts' states
+        gap = r["cut_max_score_difference"]
+        cut = "scores identical too" if gap == 0 else f"scores within {gap:.1e} (float rounding of a longer pass)"
+        same = (
+            f"full-length scores identical: {r['identical_scores']}; the cut texts' {cut}; {r['prefix_hits']} "
+            "batches of cut texts ran no decoder"
+        )
     return [
         f"Scoring the same texts with several detectors (`python benchmarks/score_reuse.py --n {s['n']}`): "
-        f"OpenStamp's detector at {len(s['deltas'])} strengths on {s['n']} human texts of {s['length']} tokens, as "
+        f"OpenStamp's detector at {len(s['deltas'])} strengths on {s['n']} human texts of {s['length']} tokens"
+        f"{then}, as "
         f"a sweep scores its negatives, takes {t['without_reuse']:.1f} s running the decoder for each and "
-        f"{t['with_reuse']:.1f} s reusing its hidden states ({r['speedup']:.2f}x; identical scores: "
-        f"{r['identical_scores']}). The eval's score and length stages reuse them for every detector that runs the "
-        "decoder (OpenStamp, its ablation, KGW+LLR); KGW, Unremovable and SIR score without the language model, "
-        "GaussMark needs its gradients.",
+        f"{t['with_reuse']:.1f} s reusing its hidden states ({r['speedup']:.2f}x; {same}). The eval's score and "
+        "length stages reuse them for every detector that runs the decoder (OpenStamp, its ablation, KGW+LLR); KGW, "
+        "Unremovable and SIR score without the language model, GaussMark needs its gradients.",
     ]
 
 

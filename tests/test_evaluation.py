@@ -5,6 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 import openstamp.evaluation.pipeline as pipeline
+from openstamp import load_model
 from openstamp.cli import app
 from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import METRICS
@@ -277,6 +278,31 @@ def test_length_curve_maths():
     assert rows[0]["flagged_at_p_0.01"] == 0.75 and rows[0]["human_flagged_at_p_0.01"] == 0.0
     no_p = [{**r, "p_value": None} for r in watermarked + human]  # a method without p-values
     assert curve({"10": {"watermarked": no_p[:4], "human": no_p[4:]}})[0]["flagged_at_p_0.01"] is None
+
+
+def test_cut_texts_scored_from_the_full_texts_states_match_a_plain_scoring(finished_run):
+    """The length stage runs after the score stage inside one cache: a cut text takes the states of its full text."""
+    from openstamp.evaluation.lengths import lengths_path
+    from openstamp.hidden import HiddenCache, reusing
+    from openstamp.storage import read_json
+
+    out, results, _ = finished_run
+    cfg = EvalConfig.from_dict(json.loads((out / "config.json").read_text()))
+    model, tokenizer = load_model(cfg.model)
+    for name in ("openstamp", "kgw-llr"):  # a Detector and a method of its own, both running the decoder
+        run = next(r for r in results["runs"] if r["method"] == name)
+        method = pipeline.keyed_method(out, name, 0, cfg, model, tokenizer, []).with_strength(run["strength"])
+        ids = pipeline.load_generations(out, run["generations"])
+        full = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        cut = tokenizer.batch_decode([x[:17] for x in ids], skip_special_tokens=True)
+        cache = HiddenCache()
+        with reusing(cache):
+            method.score(model, tokenizer, full, cfg.score_batch_size)
+            reused = [s.score for s in method.score(model, tokenizer, cut, cfg.score_batch_size)]
+        assert cache.prefix_hits >= 1, name  # some batch of cut texts ran no decoder
+        plain = [s.score for s in method.score(model, tokenizer, cut, cfg.score_batch_size)]
+        stored = [s["score"] for s in read_json(lengths_path(out, run["run"]))["16"]["watermarked"]]
+        assert reused == pytest.approx(plain, rel=1e-4, abs=1e-5) and stored == pytest.approx(plain, rel=1e-4, abs=1e-5)
 
 
 def test_lengths_cached_with_another_cut_are_scored_again(tmp_path):

@@ -66,7 +66,7 @@ def test_reused_hidden_states_equal_a_fresh_forward_and_follow_the_model(tiny_mo
         first, again = final_hidden(model, ids, mask), final_hidden(model, ids, mask)
         assert again is first and torch.equal(first, fresh)  # the second call ran no decoder
         final_hidden(other, ids, mask)  # another model object: its own forward, never the first model's states
-        final_hidden(model, ids[:, :3], mask[:, :3])  # another batch
+        final_hidden(model, ids[:, :3] + 1, mask[:, :3])  # another batch
     assert (cache.hits, cache.misses) == (1, 3)
     with torch.inference_mode():
         final_hidden(model, ids, mask)  # outside `reusing` nothing is looked up
@@ -74,12 +74,52 @@ def test_reused_hidden_states_equal_a_fresh_forward_and_follow_the_model(tiny_mo
     small = HiddenCache(max_bytes=fresh.numel() * fresh.element_size())  # room for one batch: the older goes
     with torch.inference_mode(), reusing(small):
         final_hidden(model, ids, mask)
-        final_hidden(model, ids[:, :3], mask[:, :3])
+        final_hidden(model, ids[:, :3] + 1, mask[:, :3])
         final_hidden(model, ids, mask)
     assert (small.hits, small.misses, len(small.entries)) == (0, 3, 1)
+    assert {key for rows in small.rows.values() for key, *_ in rows} == set(small.entries)  # the dropped rows went
     seen = []  # another thread (a service worker) does not use this thread's active cache
     with torch.inference_mode(), reusing(cache):
         worker = threading.Thread(target=lambda: seen.append(final_hidden(model, ids, mask)))
         worker.start()
         worker.join()
     assert seen[0] is not first and torch.equal(seen[0], fresh) and (cache.hits, cache.misses) == (1, 3)
+
+
+def right_padded_batch(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+    return ids, mask
+
+
+def test_a_text_cut_from_a_cached_one_takes_its_states_and_runs_no_decoder(tiny_model_dir, corpus_file):
+    model, *_ = setup(tiny_model_dir, corpus_file)
+    full = [[1, 5, 9, 14, 3, 8, 21], [1, 7, 7, 2, 11, 4], [1, 30, 31, 32, 33]]
+    cut = [full[2][:4], full[0][:5], full[1][:6]]  # shorter, in another order (a detector sorts by length)
+    cache = HiddenCache()
+    with torch.inference_mode(), reusing(cache):
+        final_hidden(model, *right_padded_batch(full))
+        reused = final_hidden(model, *right_padded_batch(cut))
+        assert (cache.hits, cache.prefix_hits, cache.misses) == (0, 1, 1)
+        # one row cut elsewhere than any cached row begins (a re-tokenised end): it alone runs the decoder
+        mixed = final_hidden(model, *right_padded_batch([full[0][:4], [1, 5, 9, 99]]))
+        assert (cache.prefix_hits, cache.misses) == (1, 2)
+    with torch.inference_mode():
+        fresh = final_hidden(model, *right_padded_batch(cut))
+        fresh_mixed = final_hidden(model, *right_padded_batch([full[0][:4], [1, 5, 9, 99]]))
+    for i, row in enumerate(cut):
+        torch.testing.assert_close(reused[i, : len(row)], fresh[i, : len(row)], rtol=1e-4, atol=1e-5)
+        assert not reused[i, len(row) :].any()  # padding stays zero: no detector reads it
+    torch.testing.assert_close(mixed, fresh_mixed, rtol=1e-4, atol=1e-5)
+    # left padding (positions given) is never served from rows: its positions do not start at the first column
+    ids, mask = right_padded_batch(cut)
+    left = torch.zeros_like(ids)
+    left_mask = torch.zeros_like(mask)
+    for i, row in enumerate(cut):
+        left[i, ids.shape[1] - len(row) :], left_mask[i, ids.shape[1] - len(row) :] = torch.tensor(row), 1
+    positions = (left_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode(), reusing(cache):
+        final_hidden(model, left, left_mask, positions)
+    assert (cache.prefix_hits, cache.misses) == (1, 3)

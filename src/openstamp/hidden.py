@@ -88,15 +88,53 @@ def final_hidden(
     """
     active = _active()
     cache = active[-1] if active else None
-    key = cache.key(input_ids, attention_mask, position_ids) if cache is not None else None
-    if cache is not None and (hit := cache.get(model, key)) is not None:
+    if cache is None:
+        return _decoder(model, input_ids, attention_mask, position_ids)
+    key = cache.key(input_ids, attention_mask, position_ids)
+    if (hit := cache.get(model, key)) is not None:
         return hit
-    out = model.get_decoder()(
+    lengths = right_padded(attention_mask, position_ids)
+    found = cache.prefixes(model, input_ids, lengths) if lengths is not None else []
+    reused = [row for row in found if row is not None]
+    if not reused:
+        cache.misses += 1
+        out = _decoder(model, input_ids, attention_mask, position_ids)
+        cache.put(model, key, out, input_ids, lengths)
+        return out
+    # rows that start a cached row take its states; the others (cut where a cached row was not) run alone
+    out = reused[0].new_zeros((*input_ids.shape, reused[0].shape[-1]))
+    for i, row in enumerate(found):
+        if row is not None:
+            out[i, : len(row)] = row
+    missing = [i for i, row in enumerate(found) if row is None and lengths[i] > 0]
+    if not missing:
+        cache.prefix_hits += 1
+        return out
+    cache.misses += 1
+    width = max(lengths[i] for i in missing)
+    ids, mask = input_ids[missing, :width], attention_mask[missing, :width]
+    rest = _decoder(model, ids, mask, None)
+    cache.put(model, cache.key(ids, mask, None), rest, ids, [lengths[i] for i in missing])
+    for j, i in enumerate(missing):
+        out[i, : lengths[i]] = rest[j, : lengths[i]]
+    return out
+
+
+def _decoder(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    return model.get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state
-    if cache is not None:
-        cache.put(model, key, out)
-    return out
+
+
+def right_padded(mask: torch.Tensor, position_ids: torch.Tensor | None) -> list[int] | None:
+    """Each row's length when every row is right-padded and counts positions from 0; None otherwise (left padding)."""
+    lengths = mask.sum(-1)
+    columns = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    if not torch.equal(mask, (columns < lengths[:, None]).to(mask.dtype)):
+        return None
+    if position_ids is not None and not torch.equal(position_ids * mask, columns * mask):
+        return None
+    return lengths.tolist()
 
 
 class HiddenCache:
@@ -107,11 +145,19 @@ class HiddenCache:
     object that made it (a weak reference), and only while the caller keeps that model's decoder
     unchanged: weight-level methods apply their watermark outside ``reusing`` and revert it exactly,
     unless the watermark leaves the decoder alone (``WatermarkMethod.keeps_hidden``).
-    Bounded by ``max_bytes``: the least recently used entries go first.
+
+    A causal decoder's state at a position depends on the tokens up to it alone, so a right-padded
+    row that starts a cached row's tokens takes that row's first states (the same numbers, up to
+    float rounding in kernels of another shape): the texts of a length curve, each cut from a text
+    scored before, run no decoder. Bounded by ``max_bytes``: the least recently used entries go first.
     """
 
+    INDEX = 4  # a cached row is found by its first INDEX tokens (a row shorter than that, only by an equal one)
+
     def __init__(self, max_bytes: int = 1 << 30) -> None:
-        self.max_bytes, self.entries, self.bytes, self.hits, self.misses = max_bytes, {}, 0, 0, 0
+        self.max_bytes, self.entries, self.bytes = max_bytes, {}, 0
+        self.hits, self.prefix_hits, self.misses = 0, 0, 0
+        self.rows: dict[tuple, list[tuple]] = {}  # first tokens -> [(entry key, row, token ids)]
 
     @staticmethod
     def key(*tensors: torch.Tensor | None) -> tuple:
@@ -120,24 +166,52 @@ class HiddenCache:
     def get(self, model, key: tuple) -> torch.Tensor | None:
         entry = self.entries.get(key)
         if entry is None or entry[0]() is not model:
-            self.misses += 1
             return None
         self.hits += 1
         self.entries[key] = self.entries.pop(key)  # the most recently used goes last
         return entry[1]
 
-    def put(self, model, key: tuple, hidden: torch.Tensor) -> None:
+    def prefixes(self, model, ids: torch.Tensor, lengths: list[int]) -> list[torch.Tensor | None]:
+        """Per row of a right-padded batch: the cached states of a row it is a prefix of, or None."""
+        found = []
+        for row, length in zip(ids.tolist(), lengths, strict=True):
+            row, hit = row[:length], None
+            for key, i, tokens in self.rows.get(tuple(row[: self.INDEX]), ()):
+                entry = self.entries.get(key)
+                if entry is not None and entry[0]() is model and len(tokens) >= length and tokens[:length] == row:
+                    hit = entry[1][i, :length]
+                    break
+            found.append(hit)
+        return found
+
+    def put(self, model, key: tuple, hidden: torch.Tensor, ids=None, lengths: list[int] | None = None) -> None:
+        """Keep a batch's states; with its ``ids`` and right-padded row ``lengths``, its rows serve prefixes too."""
         size = hidden.numel() * hidden.element_size()
         if size > self.max_bytes:
             return
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1].numel() * old[1].element_size()
+        self._drop(key)
         while self.entries and self.bytes + size > self.max_bytes:  # dicts keep insertion order: least recent first
-            _, dropped = self.entries.pop(next(iter(self.entries)))
-            self.bytes -= dropped.numel() * dropped.element_size()
-        self.entries[key] = (weakref.ref(model), hidden)
+            self._drop(next(iter(self.entries)))
+        rows = []
+        if ids is not None and lengths is not None:
+            for i, (row, length) in enumerate(zip(ids.tolist(), lengths, strict=True)):
+                tokens = row[:length]
+                self.rows.setdefault(tuple(tokens[: self.INDEX]), []).append((key, i, tokens))
+                rows.append(tuple(tokens[: self.INDEX]))
+        self.entries[key] = (weakref.ref(model), hidden, rows)
         self.bytes += size
+
+    def _drop(self, key: tuple) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return
+        self.bytes -= entry[1].numel() * entry[1].element_size()
+        for first in entry[2]:
+            kept = [r for r in self.rows.get(first, ()) if r[0] != key]
+            if kept:
+                self.rows[first] = kept
+            else:
+                self.rows.pop(first, None)
 
 
 _LOCAL = threading.local()  # each thread's stack of active caches: a service thread never sees the eval's

@@ -14,6 +14,10 @@ scores ``new_tokens`` - 1). Per run and length:
   and ``human_flagged_at_p_0.01``, its false-positive rate;
 * ``auroc`` against the human texts, and ``scored_tokens``: the median tokens the detector scored.
 
+Scored inside the eval's hidden-state cache, right after the full texts, a cut text takes the
+decoder states of the full text it was cut from (``openstamp.hidden.HiddenCache``): detectors that
+run the decoder run it once per text, whatever the number of lengths.
+
 The scores are cached in ``scores/lengths/<run>.json``, one file per run; each length records the
 ids it cut (``ids``), and a length cached with another cut is scored again.
 """
