@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from openstamp.config import StatesConfig
 from openstamp.corpus import load_documents
 from openstamp.hidden import HiddenCache, collect_states, final_hidden, plan_windows, reusing
+from openstamp.methods.common import right_padded
 
 
 def setup(tiny_model_dir, corpus_file):
@@ -86,35 +87,27 @@ def test_reused_hidden_states_equal_a_fresh_forward_and_follow_the_model(tiny_mo
     assert seen[0] is not first and torch.equal(seen[0], fresh) and (cache.hits, cache.misses) == (1, 3)
 
 
-def right_padded_batch(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-    return ids, mask
-
-
 def test_a_text_cut_from_a_cached_one_takes_its_states_and_runs_no_decoder(tiny_model_dir, corpus_file):
     model, *_ = setup(tiny_model_dir, corpus_file)
     full = [[1, 5, 9, 14, 3, 8, 21], [1, 7, 7, 2, 11, 4], [1, 30, 31, 32, 33]]
     cut = [full[2][:4], full[0][:5], full[1][:6]]  # shorter, in another order (a detector sorts by length)
     cache = HiddenCache()
     with torch.inference_mode(), reusing(cache):
-        final_hidden(model, *right_padded_batch(full))
-        reused = final_hidden(model, *right_padded_batch(cut))
+        final_hidden(model, *right_padded(full, 0))
+        reused = final_hidden(model, *right_padded(cut, 0))
         assert (cache.hits, cache.prefix_hits, cache.misses) == (0, 1, 1)
         # one row cut elsewhere than any cached row begins (a re-tokenised end): it alone runs the decoder
-        mixed = final_hidden(model, *right_padded_batch([full[0][:4], [1, 5, 9, 99]]))
+        mixed = final_hidden(model, *right_padded([full[0][:4], [1, 5, 9, 99]], 0))
         assert (cache.prefix_hits, cache.misses) == (1, 2)
     with torch.inference_mode():
-        fresh = final_hidden(model, *right_padded_batch(cut))
-        fresh_mixed = final_hidden(model, *right_padded_batch([full[0][:4], [1, 5, 9, 99]]))
+        fresh = final_hidden(model, *right_padded(cut, 0))
+        fresh_mixed = final_hidden(model, *right_padded([full[0][:4], [1, 5, 9, 99]], 0))
     for i, row in enumerate(cut):
         torch.testing.assert_close(reused[i, : len(row)], fresh[i, : len(row)], rtol=1e-4, atol=1e-5)
         assert not reused[i, len(row) :].any()  # padding stays zero: no detector reads it
     torch.testing.assert_close(mixed, fresh_mixed, rtol=1e-4, atol=1e-5)
     # left padding (positions given) is never served from rows: its positions do not start at the first column
-    ids, mask = right_padded_batch(cut)
+    ids, mask = right_padded(cut, 0)
     left = torch.zeros_like(ids)
     left_mask = torch.zeros_like(mask)
     for i, row in enumerate(cut):

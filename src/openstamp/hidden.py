@@ -93,7 +93,7 @@ def final_hidden(
     key = cache.key(input_ids, attention_mask, position_ids)
     if (hit := cache.get(model, key)) is not None:
         return hit
-    lengths = right_padded(attention_mask, position_ids)
+    lengths = padded_row_lengths(attention_mask, position_ids)
     found = cache.prefixes(model, input_ids, lengths) if lengths is not None else []
     reused = [row for row in found if row is not None]
     if not reused:
@@ -126,7 +126,7 @@ def _decoder(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
     ).last_hidden_state
 
 
-def right_padded(mask: torch.Tensor, position_ids: torch.Tensor | None) -> list[int] | None:
+def padded_row_lengths(mask: torch.Tensor, position_ids: torch.Tensor | None) -> list[int] | None:
     """Each row's length when every row is right-padded and counts positions from 0; None otherwise (left padding)."""
     lengths = mask.sum(-1)
     columns = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
