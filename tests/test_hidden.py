@@ -116,3 +116,20 @@ def test_a_text_cut_from_a_cached_one_takes_its_states_and_runs_no_decoder(tiny_
     with torch.inference_mode(), reusing(cache):
         final_hidden(model, left, left_mask, positions)
     assert (cache.prefix_hits, cache.misses) == (1, 3)
+
+
+def test_a_prefix_use_keeps_its_entry_from_being_dropped_first(tiny_model_dir, corpus_file):
+    model, *_ = setup(tiny_model_dir, corpus_file)
+    a, b, c = [[1, 5, 9, 14, 3]], [[1, 7, 7, 2, 11]], [[1, 30, 31, 32, 33]]
+    with torch.inference_mode():
+        size = final_hidden(model, *right_padded(a, 0)).numel() * 4
+    cache = HiddenCache(max_bytes=2 * size)  # room for two batches
+    with torch.inference_mode(), reusing(cache):
+        final_hidden(model, *right_padded(a, 0))
+        final_hidden(model, *right_padded(b, 0))
+        final_hidden(model, *right_padded([a[0][:4]], 0))  # a prefix of a: a is now the most recently used
+        final_hidden(model, *right_padded(c, 0))  # b, the least recently used, goes
+        assert (cache.prefix_hits, cache.misses) == (1, 3)
+        final_hidden(model, *right_padded(a, 0))
+        final_hidden(model, *right_padded(b, 0))
+    assert (cache.hits, cache.misses) == (1, 4)

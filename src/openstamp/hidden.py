@@ -180,6 +180,7 @@ class HiddenCache:
                 entry = self.entries.get(key)
                 if entry is not None and entry[0]() is model and len(tokens) >= length and tokens[:length] == row:
                     hit = entry[1][i, :length]
+                    self.entries[key] = self.entries.pop(key)  # a prefix use counts as a use: it goes last
                     break
             found.append(hit)
         return found
