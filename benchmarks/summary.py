@@ -276,7 +276,7 @@ def serve_bad_inputs(r: dict) -> list[str]:
 
 
 def evaluation(r: dict) -> list[str]:
-    from openstamp.evaluation.report import reference_table, summary_table
+    from openstamp.evaluation.report import reference_table, summary_table, timing_lines
 
     cfg = r["config"]
     return [
@@ -293,6 +293,7 @@ def evaluation(r: dict) -> list[str]:
         *_flagged(r),
         *_trained(r),
         *_lengths(r),
+        *(["", timing_lines(r["timings_s"])[0]] if r.get("timings_s") else []),
     ]
 
 

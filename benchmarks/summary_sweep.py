@@ -11,7 +11,7 @@ from summary_cost import cell
 
 from openstamp.evaluation.metrics import interval
 from openstamp.evaluation.pareto import compare, points
-from openstamp.evaluation.report import fmt, pareto_table
+from openstamp.evaluation.report import fmt, pareto_table, timing_lines
 from openstamp.evaluation.shards import mismatch
 
 
@@ -59,7 +59,8 @@ def sweep(r: dict, folder: Path) -> list[str]:
         cells += [fmt(s.get("tpr_at_1pct_fpr")), fmt(s.get("own_ppl_change"), "own_ppl_change")]
         cells.append(fmt(s.get("ppl_mean"), "ppl_mean"))
         rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
-    for part in (_verdicts(r), pareto_table(r), *later_seeds(r, folder)):
+    timings = [timing_lines(r["timings_s"])[0]] if r.get("timings_s") else []
+    for part in (timings, _verdicts(r), pareto_table(r), *later_seeds(r, folder)):
         rows += ["", *part] if part else []
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     if plots:

@@ -23,6 +23,15 @@ WORDS = (
 ).split()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_eval_store():
+    """`openstamp eval` shares keys and generations through a store in the user's cache by default; tests keep
+    nothing there (a test that wants a store names its own folder)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPENSTAMP_EVAL_STORE", "none")
+        yield
+
+
 def make_corpus(n_docs: int = 40, words_per_doc: int = 220, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     docs = []

@@ -53,7 +53,8 @@ def test_merge_runs_command_writes_results_report_and_plots(runs):
     assert "seeds 0, 1" in result.output.replace("\n", " ")
     for name in ("results.json", "report.md", "roc.png", "scores_hist.png"):
         assert (out / name).exists(), name
-    assert "seeds 0, 1" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "seeds 0, 1" in report and "of 2 shards (machine time, not wall-clock)" in report
     again = CliRunner().invoke(app, ["eval", "--out", str(out), "--quiet"])  # a merged folder is not a run to resume
     assert again.exit_code == 2 and "holds results but no run" in again.output.replace("\n", " ")
     assert not (out / "config.json").exists()

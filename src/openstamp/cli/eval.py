@@ -30,11 +30,17 @@ def evaluate(
     generator: str = typer.Option(
         "transformers", help="transformers, vllm (a CUDA GPU with vLLM; else transformers) or auto"
     ),
+    store: str = typer.Option(
+        "auto",
+        help="folder where keys and generation batches are shared with other evals by content digest; "
+        "auto: $OPENSTAMP_EVAL_STORE, else eval/ under the model cache; none: keep nothing",
+    ),
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Compare OpenStamp with the baselines on detection and text quality, and write a report."""
     from openstamp.config import EvalConfig
     from openstamp.evaluation.pipeline import run_eval
+    from openstamp.evaluation.store import open_store
 
     setup_logging(quiet)
     data = EvalConfig.from_file(str(config)).to_dict() if config else {}
@@ -61,7 +67,7 @@ def evaluate(
     if generator != "transformers":
         console.print(f"generator: {choice.name} ({choice.reason})")
     start = time.perf_counter()
-    results = run_eval(cfg, out_dir, progress=not quiet, generator=choice.name)
+    results = run_eval(cfg, out_dir, progress=not quiet, generator=choice.name, store=open_store(store))
     minutes = (time.perf_counter() - start) / 60
     console.print(f"finished in {minutes:.1f} min (cached stages are not recomputed)")
     print_summary(results)

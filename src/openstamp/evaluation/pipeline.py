@@ -15,6 +15,9 @@ so a killed run resumes where it stopped and re-scoring or re-rendering never re
       downstream/<set>.json       its per-item accuracy on the lm-eval tasks of cfg.downstream
       timings.json                seconds per stage of every invocation (a resumed stage costs ~0)
       results.json, samples.jsonl, report.md, *.png
+
+Keys and generation batches are also kept in a store shared by every eval (:mod:`openstamp.evaluation.store`),
+by the digest of what made them: another run folder that needs the same key or batch takes it from there.
 """
 
 from __future__ import annotations
@@ -32,23 +35,28 @@ from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.evaluation.scoring import score_downstream, score_own_ppl, score_perplexity, score_run
+from openstamp.evaluation.store import EvalStore, digest, folder_digest
 from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.methods.common import key_digest
 from openstamp.models import load_model
 from openstamp.monitor import add_seconds, machine, sum_seconds
+from openstamp.patch import tensor_sha256
 from openstamp.storage import atomic_write_json, changed_settings, read_json
 from openstamp.text import prompt_windows
 
 log = logging.getLogger(__name__)
 
 
-def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str = "transformers") -> dict:
+def run_eval(
+    cfg: EvalConfig, out: Path, progress: bool = True, generator: str = "transformers", store: EvalStore | None = None
+) -> dict:
     """Run (or resume) the comparison described by ``cfg`` into ``out``; return results.json's content.
 
     ``generator``: transformers, vllm or auto (see :mod:`openstamp.generators`); vLLM samples the
-    unwatermarked and weight-level sets, decode-time methods always use transformers.
+    unwatermarked and weight-level sets, decode-time methods always use transformers. ``store``: where keys
+    and generation batches are shared with other evals (:func:`openstamp.evaluation.store.open_store`).
     """
     from openstamp.generators import select_generator
 
@@ -61,7 +69,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
     untimed = (out / "generations").exists() and not (out / "timings.json").exists()  # a run begun before timings
     try:
-        runs, windows = _stages(cfg, out, progress, choice, seconds, started)
+        runs, windows = _stages(cfg, out, progress, choice, seconds, started, store)
     finally:  # an interrupted invocation keeps its seconds too
         timings = record_timings(out, started, seconds, untimed)
     results = collect_results(out, cfg, runs, windows)
@@ -73,7 +81,7 @@ def run_eval(cfg: EvalConfig, out: Path, progress: bool = True, generator: str =
     return results
 
 
-def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[str, float], started: str):
+def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[str, float], started: str, store):
     """Keys, generations, own perplexity, downstream, scores, lengths and the oracle; each stage timed into ``seconds``.
 
     Returns the runs and the prompt windows.
@@ -82,6 +90,9 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
         model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
         key_docs = split_documents(load_documents(cfg.key_corpus), "key")
         windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
+        if store is not None:  # what a key or a batch is made from, besides the method: the model and its data
+            head = tensor_sha256(model.get_output_embeddings().weight)
+            store.made_from = {"model": [cfg.model, cfg.dtype, cfg.device, head], "docs": [d.sha256 for d in key_docs]}
     prompts = [w["prompt"] for w in windows]
     # the original model's hidden states of the human and unwatermarked texts, computed once: every detector scores
     # with them, and the own perplexity of a watermark that leaves the decoder alone (keeps_hidden) starts from them
@@ -93,19 +104,22 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
     runs, keys = [], {}  # keys: each method's one key per seed, shared by its strengths
     for seed in cfg.seeds:
         with add_seconds(seconds, "generate"):
-            generate_set(out, f"unwatermarked/s{seed}", model, tokenizer, prompts, cfg, seed, None, progress, choice)
+            name = f"unwatermarked/s{seed}"
+            generate_set(out, name, model, tokenizer, prompts, cfg, seed, None, progress, choice, store, [None])
         for name in cfg.methods:
             for strength in strengths(cfg, name):
                 with add_seconds(seconds, "keys"):
-                    variant = keyed_variant(out, name, seed, cfg, model, tokenizer, key_docs, strength, keys)
+                    variant = keyed_variant(out, name, seed, cfg, model, tokenizer, key_docs, strength, keys, store)
                 run = f"{name}@{strength:g}/s{seed}"
                 gen_name = generation_name(variant, strength, seed)
+                key_dir = key_directory(out, cfg, name, seed, strength)
                 if variant.carrier is Carrier.WEIGHTS:
                     variant.apply(model)
                 try:
                     with add_seconds(seconds, "generate"):
                         processor = variant.logits_processor()  # a fresh one per use: some keep state
-                        generate_set(out, gen_name, model, tokenizer, prompts, cfg, seed, processor, progress, choice)
+                        args = (out, gen_name, model, tokenizer, prompts, cfg, seed, processor, progress, choice)
+                        generate_set(*args, store, store and [variant.describe(), folder_digest(key_dir)])
                     with (
                         add_seconds(seconds, "own_ppl"),
                         reusing(hidden) if variant.keeps_hidden else contextlib.nullcontext(),
@@ -133,7 +147,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
                         "seed": seed,
                         "generations": gen_name,
                         "settings": variant.describe(),
-                        "key_sha256": key_digest(key_directory(out, cfg, name, seed, strength)),
+                        "key_sha256": key_digest(key_dir),
                     }
                 )
                 record_timings(out, started, seconds)
@@ -238,11 +252,15 @@ def key_directory(out: Path, cfg: EvalConfig, name: str, seed: int, strength: fl
     return out / "keys" / (f"{name}@{strength:g}" if other else name) / f"s{seed}"
 
 
-def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float | None = None) -> WatermarkMethod:
-    """Build a method's key for this seed (at ``strength`` for a key trained at one), or load it from the run."""
+def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength=None, store=None) -> WatermarkMethod:
+    """Build a method's key for this seed (at ``strength`` for a key trained at one), or load it from the run, or
+    take it from the ``store``."""
     method = configured(name, cfg, strength)
     directory = key_directory(out, cfg, name, seed, strength)
     settings = asdict(method.config)
+    ident = store and digest("key", name, settings, seed, store.made_from)
+    if store is not None and not (directory / "done").exists():
+        store.fetch_key(ident, directory)
     if (directory / "done").exists():
         # settings.json is absent from runs begun before keys recorded their settings: nothing to compare
         if changed := changed_settings(directory / "settings.json", settings, "key settings"):
@@ -260,16 +278,18 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength: float |
     method.save(directory)
     atomic_write_json(directory / "settings.json", settings)
     (directory / "done").write_text("")
+    if store is not None:
+        store.keep_key(ident, directory)
     return method
 
 
-def keyed_variant(out, name, seed, cfg, model, tokenizer, docs, strength: float, keys: dict) -> WatermarkMethod:
+def keyed_variant(out, name, seed, cfg, model, tokenizer, docs, strength: float, keys: dict, store=None):
     """The method at ``strength`` with its key: a key trained at that strength (``key_per_strength``: one key
     each), else the seed's one key, built or loaded once into ``keys``, at that strength."""
     if REGISTRY[name].key_per_strength:
-        return keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength)
+        return keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength, store)
     if (name, seed) not in keys:
-        keys[name, seed] = keyed_method(out, name, seed, cfg, model, tokenizer, docs)
+        keys[name, seed] = keyed_method(out, name, seed, cfg, model, tokenizer, docs, store=store)
     return keys[name, seed].with_strength(strength)
 
 
@@ -286,27 +306,35 @@ def generation_name(method: WatermarkMethod, strength: float, seed: int) -> str:
 
 
 def generate_set(
-    out, name, model, tokenizer, prompts, cfg, seed, processor, progress, generator=None
+    out, name, model, tokenizer, prompts, cfg, seed, processor, progress, generator=None, store=None, made=None
 ) -> list[list[int]]:
     """Completions of every prompt, generated batch by batch; finished batches are kept on disk.
 
     With a vLLM ``generator`` and no logits processor (a weight-level watermark or none), the
-    model as it is now is saved and the missing batches are sampled by vLLM in one call.
+    model as it is now is saved and the missing batches are sampled by vLLM in one call. With a ``store``,
+    a batch is taken from it where kept, and kept there once sampled; ``made`` says what else makes the set
+    (the method's settings and its key files' digest; [None] for the unwatermarked model).
     """
     directory = out / "generations" / name
     directory.mkdir(parents=True, exist_ok=True)
-    if generator is not None and generator.is_vllm and processor is None:
+    vllm = generator is not None and generator.is_vllm and processor is None
+    if vllm:
         _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed)
+    store = None if vllm else store
     completions: list[list[int]] = []
     for b, start in enumerate(range(0, len(prompts), cfg.batch_size)):
         path = directory / f"b{b:04d}.json"
+        batch, sampling = prompts[start : start + cfg.batch_size], [cfg.new_tokens, cfg.temperature, cfg.top_p]
+        ident = store and digest("generation", made, store.made_from["model"], batch, sampling, seed * 100_003 + b)
+        if not path.exists() and (ids := store and store.batch(ident)) is not None:
+            atomic_write_json(path, ids)
         if not path.exists():
             if progress:
                 log.info("generating %s: batch %d of %d", name, b + 1, -(-len(prompts) // cfg.batch_size))
             ids = sample_completions(
                 model,
                 tokenizer,
-                prompts[start : start + cfg.batch_size],
+                batch,
                 cfg.new_tokens,
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
@@ -316,6 +344,8 @@ def generate_set(
                 progress=False,
             )
             atomic_write_json(path, ids)
+            if store is not None:
+                store.keep_batch(ident, ids)
         completions.extend(read_json(path, "generation batch"))
     return completions
 

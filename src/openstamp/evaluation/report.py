@@ -177,9 +177,14 @@ def pareto_table(results: dict) -> list[str]:
     ]
 
 
-def _timings(t: dict) -> list[str]:
+def timing_lines(t: dict) -> list[str]:
+    """Each stage's seconds, longest first, and the total (``timings_s`` of a results file)."""
     stages = ", ".join(f"{name} {sec:.0f} s" for name, sec in sorted(t["stages"].items(), key=lambda kv: -kv[1]))
-    line = f"Time spent per stage, summed over {t['invocations']} invocation(s): {stages}; {t['total']:.0f} s."
+    line = (
+        f"Time spent per stage, summed over {t['invocations']} invocation(s)"
+        f"{f' of {n} shards (machine time, not wall-clock)' if (n := t.get('shards')) else ''}: {stages}; "
+        f"{t['total']:.0f} s ({t['total'] / 60:.0f} min)."
+    )
     if not t.get("complete", True):
         line += " Work done before this version recorded timings is not counted."
     return [line, ""]
@@ -225,7 +230,7 @@ def write_report(out: Path) -> Path:
         *[f"![{name}]({name})" for name in plots],
         "",
         *[p.read_text(encoding="utf-8") for p in sorted(out.glob("attacks/*.md"))],  # openstamp attack sections
-        *(_timings(results["timings_s"]) if results.get("timings_s") else []),
+        *(timing_lines(results["timings_s"]) if results.get("timings_s") else []),
         f"Generated from results.json ({results['created']}); versions: "
         + ", ".join(f"{k} {v}" for k, v in results["versions"].items())
         + ".",

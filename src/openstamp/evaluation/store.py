@@ -1,0 +1,131 @@
+"""Finished keys and generation batches of every eval, kept by the sha256 of what made them.
+
+Two evals that build the same key (the method, its settings, the model, the key documents, the
+seed) or sample the same batch (that key at that strength, the batch's prompts, the sampling
+settings and seed) share the work: the second takes what the first kept instead of computing it,
+and gets the same bits (a trained key included, whose rebuild can differ by machine). Each digest
+also covers the package's own source code and the versions of torch and transformers, so after a
+change to the code an entry misses instead of returning what other code made.
+
+    store/
+      keys/<sha256>/               a key folder as ``openstamp eval`` writes it (tensors, settings.json, done)
+      generations/<sha256>.json    one batch's completions (token ids)
+
+Entries are written to a temporary sibling and renamed, so a killed process leaves no half
+entry; key files are hard links where the file system allows (a key is written once, never
+edited), else copies. ``openstamp eval --store`` chooses the folder: by default
+``$OPENSTAMP_EVAL_STORE``, else ``eval/`` under the model cache (``$OPENSTAMP_CACHE`` or
+``~/.cache/openstamp``); ``none`` keeps nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from openstamp.storage import atomic_directory, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 of every .py file of the installed package (relative path and bytes), and of torch's and transformers'
+    versions: what produced an entry besides its inputs."""
+    import torch
+    import transformers
+
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def digest(*parts) -> str:
+    """sha256 of the parts (JSON-serialisable) and of :func:`code_digest`."""
+    text = json.dumps([code_digest(), *parts], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def folder_digest(directory: Path) -> str:
+    """sha256 of every file in a folder (relative path and bytes): a key's identity as saved."""
+    out = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+        out.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                out.update(block)
+    return out.hexdigest()
+
+
+class EvalStore:
+    """A folder of keys and generation batches by content digest (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.hits = 0
+        self.made_from: dict = {}  # the eval's model and key documents, set once it has loaded them
+
+    def fetch_key(self, ident: str, directory: Path) -> bool:
+        """Fill ``directory`` with the key kept under ``ident``; False if there is none."""
+        kept = self.root / "keys" / ident
+        if not (kept / "done").exists():
+            return False
+        with atomic_directory(directory, overwrite=True) as tmp:
+            _link_tree(kept, tmp)
+        self.hits += 1
+        log.info("key taken from the store (%s)", kept)
+        return True
+
+    def keep_key(self, ident: str, directory: Path) -> None:
+        """Keep a finished key folder under ``ident`` (once: an entry is never replaced)."""
+        kept = self.root / "keys" / ident
+        if kept.exists():
+            return
+        with atomic_directory(kept) as tmp:
+            _link_tree(directory, tmp)
+
+    def batch(self, ident: str) -> list | None:
+        """The completions kept under ``ident``, or None; an unreadable entry counts as none (and is replaced)."""
+        path = self.root / "generations" / f"{ident}.json"
+        if not path.exists():
+            return None
+        try:
+            ids = read_json(path, "generation batch in the store")
+        except ValueError as err:
+            log.warning("%s; generating the batch again", err)
+            return None
+        self.hits += 1
+        return ids
+
+    def keep_batch(self, ident: str, ids: list) -> None:
+        atomic_write_json(self.root / "generations" / f"{ident}.json", ids)
+
+
+def open_store(spec: str | None) -> EvalStore | None:
+    """``none`` (or None): no store; ``auto``: $OPENSTAMP_EVAL_STORE (itself possibly ``none``), else
+    <model cache>/eval; anything else: that folder."""
+    if spec == "auto":
+        from openstamp.assets import cache_root
+
+        spec = os.environ.get("OPENSTAMP_EVAL_STORE") or str(cache_root() / "eval")
+    if spec is None or spec.strip().lower() == "none":
+        return None
+    return EvalStore(spec)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        dest = target / path.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, dest)
+        except OSError:  # another file system, or links not allowed
+            shutil.copy2(path, dest)
