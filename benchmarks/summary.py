@@ -87,6 +87,18 @@ def own_ppl_reuse(r: dict) -> list[str]:
     ]
 
 
+def eval_store(r: dict) -> list[str]:
+    s, t, first = r["settings"], r["seconds"], r["stages"]["first"]
+    return [
+        f"A second eval with the same settings (`python benchmarks/eval_store.py --n {s['n']}`): {s['methods']} on "
+        f"{s['n']} prompts, {s['new_tokens']} new tokens, in two run folders sharing one eval store. The first took "
+        f"{t['first']:.1f} s (keys {first['keys']:.0f} s, generation {first['generate']:.0f} s); the second "
+        f"{t['second']:.1f} s ({r['speedup']:.2f}x), taking {r['taken_from_store']} keys and completion batches "
+        f"from the store (same keys: {r['same_keys']}; same metrics: {r['same_metrics']}). Scores and own "
+        "perplexities are not kept in the store: each run folder computes its own.",
+    ]
+
+
 def key_rebuild(r: dict) -> list[str]:
     runs = "; ".join(
         f"{row['threads']} thread(s): " + ", ".join(f"{k} {v:.1e}" for k, v in row["max_abs_difference"].items())
@@ -437,6 +449,7 @@ def render() -> str:
         ("detect_speed", detect_speed),
         ("score_reuse", score_reuse),
         ("own_ppl_reuse", own_ppl_reuse),
+        ("eval_store", eval_store),
         ("key_rebuild", key_rebuild),
         ("key_rebuild_from_results", key_rebuild_from_results),
         ("detect_quality", detect_quality),

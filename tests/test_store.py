@@ -1,5 +1,6 @@
 """Evals share finished keys and generation batches through a store, by the digest of what made them."""
 
+import pytest
 from test_evaluation import model_dir, tiny_eval  # noqa: F401  (model_dir is a fixture)
 from typer.testing import CliRunner
 
@@ -76,6 +77,9 @@ def test_open_store_reads_the_flag_and_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENSTAMP_EVAL_STORE")
     monkeypatch.setenv("OPENSTAMP_CACHE", str(tmp_path / "cache"))
     assert open_store("auto").root == tmp_path / "cache" / "eval"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PermissionError, match="not a writable folder; pass --store none"):
+        open_store(str(tmp_path / "file" / "store"))
 
 
 def test_eval_command_shares_through_its_store_flag(model_dir, corpus_file, tmp_path):  # noqa: F811

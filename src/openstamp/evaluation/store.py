@@ -118,6 +118,14 @@ def open_store(spec: str | None) -> EvalStore | None:
         spec = os.environ.get("OPENSTAMP_EVAL_STORE") or str(cache_root() / "eval")
     if spec is None or spec.strip().lower() == "none":
         return None
+    root = Path(spec)
+    try:  # fail before any work, not at the first key kept
+        root.mkdir(parents=True, exist_ok=True)
+        writable = os.access(root, os.W_OK | os.X_OK)
+    except OSError as err:
+        writable, root = False, f"{root} ({err.strerror})"
+    if not writable:
+        raise PermissionError(f"the eval store {root} is not a writable folder; pass --store none or another folder")
     return EvalStore(spec)
 
 
