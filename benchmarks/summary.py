@@ -90,7 +90,8 @@ def own_ppl_reuse(r: dict) -> list[str]:
 def eval_store(r: dict) -> list[str]:
     s, t, first = r["settings"], r["seconds"], r["stages"]["first"]
     return [
-        f"A second eval with the same settings (`python benchmarks/eval_store.py --n {s['n']}`): {s['methods']} on "
+        f"A second eval with the same settings (`python benchmarks/eval_store.py --n {s['n']} --new-tokens "
+        f"{s['new_tokens']}`): {s['methods']} on "
         f"{s['n']} prompts, {s['new_tokens']} new tokens, in two run folders sharing one eval store. The first took "
         f"{t['first']:.1f} s (keys {first['keys']:.0f} s, generation {first['generate']:.0f} s); the second "
         f"{t['second']:.1f} s ({r['speedup']:.2f}x), taking {r['taken_from_store']} keys and completion batches "
