@@ -325,9 +325,11 @@ def generate_set(
     for b, start in enumerate(range(0, len(prompts), cfg.batch_size)):
         path = directory / f"b{b:04d}.json"
         batch, sampling = prompts[start : start + cfg.batch_size], [cfg.new_tokens, cfg.temperature, cfg.top_p]
-        ident = store and digest("generation", made, store.made_from["model"], batch, sampling, seed * 100_003 + b)
-        if not path.exists() and (ids := store and store.batch(ident)) is not None:
-            atomic_write_json(path, ids)
+        ident = None
+        if store is not None and not path.exists():  # digest only what the run folder lacks
+            ident = digest("generation", made, store.made_from["model"], batch, sampling, seed * 100_003 + b)
+            if (ids := store.batch(ident)) is not None:
+                atomic_write_json(path, ids)
         if not path.exists():
             if progress:
                 log.info("generating %s: batch %d of %d", name, b + 1, -(-len(prompts) // cfg.batch_size))

@@ -56,13 +56,11 @@ def digest(*parts) -> str:
 
 def folder_digest(directory: Path) -> str:
     """sha256 of every file in a folder (relative path and bytes): a key's identity as saved."""
-    out = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
-        out.update(path.relative_to(directory).as_posix().encode() + b"\0")
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                out.update(block)
-    return out.hexdigest()
+    from openstamp.assets import sha256_file
+
+    files = sorted(p for p in Path(directory).rglob("*") if p.is_file())
+    listing = [[p.relative_to(directory).as_posix(), sha256_file(p)] for p in files]
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 class EvalStore:
