@@ -54,6 +54,18 @@ def test_a_processor_is_applied_as_at_generation():
     assert biased[0] == pytest.approx(reference, rel=1e-5) and not np.allclose(biased, plain)
 
 
+def test_positions_taken_a_few_at_a_time_give_the_same_nll():
+    model = make_model(False, 300)
+    pairs = windows(n=3) + windows(n=2, prompt=5, cont=9, seed=1)  # two window lengths: two groups of batches
+    processor = KGWProcessor(GreenLists(b"k" * 32, 300, 0.25, excluded=[0, 1, 2]), 2.0)
+    for proc in (None, processor):
+        whole = window_nll(model, pairs, proc, batch_size=2)
+        for logits in (1, 300 * 2 * 3):  # one position of one row (at least one position is taken), three positions
+            torch.testing.assert_close(
+                torch.tensor(window_nll(model, pairs, proc, 2, chunk_logits=logits)), torch.tensor(whole)
+            )
+
+
 def test_change_is_paired_and_zero_against_itself():
     a = [2.0, 2.5, 3.0, math.nan]
     same = change(a, a)

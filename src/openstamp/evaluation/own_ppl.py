@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, PreTrainedModel
 
@@ -33,12 +34,16 @@ def window_nll(
     processor: LogitsProcessor | None = None,
     batch_size: int = 8,
     progress: bool = False,
+    chunk_logits: int = 2**25,
 ) -> list[float]:
     """Mean NLL of each window's continuation given its prompt, in nats (nan when it is empty).
 
     Args:
         windows: (prompt ids, continuation ids) pairs; the prompt should start with BOS where
             the model expects one.
+        chunk_logits: the most logits held at once (batch x positions x vocabulary): lm_head runs on
+            that many positions of a batch in one matrix product, not one position at a time (which
+            reads the whole head once per position), and ``processor`` then sees them position by position.
     """
     device, lm_head = model_device(model), head(model)
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
@@ -52,14 +57,15 @@ def window_nll(
         ids = torch.tensor([windows[i][0] + windows[i][1] for i in batch], device=device)
         hidden = final_hidden(model, ids, torch.ones_like(ids))
         total = torch.zeros(len(batch), dtype=torch.float64, device=device)
-        for t in range(start, length):
-            logits = hidden[:, t - 1].to(weight.dtype) @ weight.T
-            if bias is not None:
-                logits = logits + bias
-            logits = logits.float()
+        step = max(1, chunk_logits // (len(batch) * weight.shape[0]))
+        for first in range(start, length, step):
+            last = min(first + step, length)  # positions first..last-1 are scored, from the states before them
+            logits = F.linear(hidden[:, first - 1 : last - 1].to(weight.dtype), weight, bias).float()
             if processor is not None:
-                logits = processor(ids[:, :t], logits)
-            total -= torch.log_softmax(logits, -1).gather(1, ids[:, t : t + 1]).squeeze(1).double()
+                for t in range(first, last):
+                    logits[:, t - first] = processor(ids[:, :t], logits[:, t - first].contiguous())
+            logp = torch.log_softmax(logits, -1).gather(-1, ids[:, first:last, None]).squeeze(-1)
+            total -= logp.double().sum(1)
         for j, i in enumerate(batch):
             out[i] = float(total[j]) / (length - start)
     return out
