@@ -83,7 +83,9 @@ def own_ppl_reuse(r: dict) -> list[str]:
         f"each and {t['with_reuse']:.1f} s starting from the original's hidden states ({r['speedup']:.2f}x; largest "
         f"NLL difference {r['max_nll_difference']:.1e}). The eval's own-perplexity stage does this for every method "
         "whose `keeps_hidden` holds (KGW, KGW+LLR, SIR, Unremovable); OpenStamp on a tied model re-ties U~ into "
-        "its input embeddings and GaussMark perturbs an MLP, so theirs run the decoder.",
+        "its input embeddings and GaussMark perturbs an MLP, so theirs run the decoder. Hugging Face's loss on "
+        f"the same windows (one forward pass of the original, every position's logits) took {t['plain_forward']:.1f} "
+        f"s in the same run: one own-perplexity pass without reuse is {r['pass_over_plain_forward']:.2f}x that.",
     ]
 
 

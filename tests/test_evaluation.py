@@ -205,6 +205,10 @@ def test_eval_config_file_and_cli_overrides(model_dir, corpus_file, tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["n"] == 3
     bad = runner.invoke(app, ["eval", "--config", str(path), "--set", "nonsense=1", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "nonsense" in bad.output
+    # completions too short for the detector to score any: refused before any work, with what to change
+    short = runner.invoke(app, ["eval", "--config", str(path), "--new-tokens", "16", "--out", str(tmp_path / "y")])
+    assert short.exit_code != 0 and "raise --new-tokens to 17" in " ".join(short.output.split())
+    assert not (tmp_path / "y").exists()
 
 
 def test_saved_keys_carry_fingerprints_for_the_base_model(finished_run, model_dir):

@@ -64,6 +64,7 @@ def run_eval(
     log.info("generator: %s (%s)", choice.name, choice.reason)
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
+    _check_lengths(cfg)
     _check_config(cfg, out)
     seconds: dict[str, float] = {}
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
@@ -180,6 +181,19 @@ def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: 
         "machines": [m for i, m in enumerate(machines) if m not in machines[:i]],  # each processor and thread count
         "complete": not any(e.get("untimed_earlier_work") for e in history),
     }
+
+
+def _check_lengths(cfg: EvalConfig) -> None:
+    """Refuse, before any work, completions too short for a method's detector to score (no text would get a score)."""
+    scored = cfg.new_tokens - 1  # the first token has no context
+    for name in cfg.methods:
+        least = getattr(configured(name, cfg).config, "min_tokens", 0)
+        if scored < least:
+            raise ValueError(
+                f"{name} scores texts of at least {least} tokens (min_tokens), and --new-tokens {cfg.new_tokens} "
+                f"gives {scored} scored tokens (the first has no context): raise --new-tokens to {least + 1} or more, "
+                f'or lower {name}\'s min_tokens (--set \'method_settings={{"{name}": {{"min_tokens": {scored}}}}}\')'
+            )
 
 
 GROWS = ("seeds", "methods")  # a run may grow by these: what it already holds is re-used

@@ -47,6 +47,11 @@ def detection_metrics(scores: dict) -> dict:
     bootstrap interval over texts."""
     values = score_values(scores)
     (pos, human), (_, unwm) = against(values), against(values, "unwatermarked")
+    if not len(human) or not len(unwm):
+        raise ValueError(
+            "no human or no unwatermarked text got a score (each was shorter than the detector's min_tokens once "
+            "re-tokenised): raise --new-tokens"
+        )
     out = {"auroc": auroc(pos, human), "auroc_vs_unwatermarked": auroc(pos, unwm)}
     for name, fpr in FPRS.items():
         t = tpr_at_fpr(pos, human, fpr)
