@@ -1,5 +1,8 @@
 """Evals share finished keys and generation batches through a store, by the digest of what made them."""
 
+import os
+import time
+
 import pytest
 from test_evaluation import model_dir, tiny_eval  # noqa: F401  (model_dir is a fixture)
 from typer.testing import CliRunner
@@ -97,3 +100,51 @@ def test_eval_command_shares_through_its_store_flag(model_dir, corpus_file, tmp_
     assert len(list((tmp_path / "store" / "keys").iterdir())) == 1
     batches = [sorted((tmp_path / out / "generations").rglob("b*.json")) for out in ("a", "b")]
     assert len(batches[0]) == 2 and [p.read_text() for p in batches[0]] == [p.read_text() for p in batches[1]]
+
+
+def _filled(root) -> EvalStore:
+    """A store with two keys and two batches, the second of each last used 10 days ago."""
+    kept = EvalStore(root)
+    for i in range(2):
+        source = root.parent / f"key{i}"
+        source.mkdir()
+        (source / "key.safetensors").write_bytes(b"x" * 100)
+        (source / "done").write_text("")
+        kept.keep_key(f"k{i}", source)
+        kept.keep_batch(f"b{i}", [[1, 2, 3]])
+    old = time.time() - 10 * 86400
+    os.utime(root / "keys" / "k1" / "done", (old, old))
+    os.utime(root / "generations" / "b1.json", (old, old))
+    (root / "keys" / ".k2.tmp-half").mkdir()  # an entry being written: not listed, not removed
+    return kept
+
+
+def test_prune_removes_what_no_eval_used_lately_and_a_use_counts(tmp_path):
+    kept = _filled(tmp_path / "store")
+    assert sorted(e.path.name for e in kept.entries()) == ["b0.json", "b1.json", "k0", "k1"]
+    assert {e.kind for e in kept.entries()} == {"key", "batch"} and all(e.size > 0 for e in kept.entries())
+    assert kept.fetch_key("k1", tmp_path / "run" / "key") and kept.batch("b1") == [[1, 2, 3]]  # used now
+    assert kept.prune(5) == []
+    os.utime(tmp_path / "store" / "keys" / "k1" / "done", (0, 0))
+    assert [e.path.name for e in kept.prune(5)] == ["k1"]
+    assert not (tmp_path / "store" / "keys" / "k1").exists() and (tmp_path / "run" / "key" / "done").exists()
+    assert len(kept.prune()) == 3 and kept.entries() == []
+    assert (tmp_path / "store" / "keys" / ".k2.tmp-half").exists()
+
+
+def test_store_command_shows_and_prunes(tmp_path):
+    root = tmp_path / "store"
+    _filled(root)
+    runner = CliRunner()
+    shown = runner.invoke(app, ["store", "--store", str(root)])
+    assert shown.exit_code == 0, shown.output
+    assert "keys" in shown.output and "generation batches" in shown.output
+    pruned = runner.invoke(app, ["store", "--store", str(root), "--prune-days", "5"])
+    assert pruned.exit_code == 0 and "removed 2 entries" in pruned.output
+    assert sorted(e.path.name for e in EvalStore(root).entries()) == ["b0.json", "k0"]
+    both = runner.invoke(app, ["store", "--store", str(root), "--prune-days", "5", "--clear"])
+    assert both.exit_code != 0 and "not both" in both.output
+    none = runner.invoke(app, ["store", "--store", "none"])
+    assert none.exit_code != 0 and "names no store" in none.output
+    cleared = runner.invoke(app, ["store", "--store", str(root), "--clear"])
+    assert cleared.exit_code == 0 and EvalStore(root).entries() == []

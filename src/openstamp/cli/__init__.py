@@ -17,6 +17,7 @@ from openstamp.cli.export import export_app
 from openstamp.cli.merge_runs import merge_runs
 from openstamp.cli.report import report
 from openstamp.cli.serve import serve
+from openstamp.cli.store import store
 from openstamp.cli.tune import tune
 
 app = typer.Typer(
@@ -35,6 +36,7 @@ app.command(name="eval")(evaluate)
 app.command()(report)
 app.command(name="merge-runs")(merge_runs)
 app.command()(serve)
+app.command()(store)
 app.command()(audit)
 app.add_typer(attack_app, name="attack")
 app.add_typer(export_app, name="export")

@@ -35,6 +35,12 @@ USER_ERRORS = (
 ModelOption = typer.Option("smollm2-135m", "--model", "-m", help="hub id, local HF directory, or packaged alias")
 DtypeOption = typer.Option("float32", help="float32, bfloat16, float16 or auto")
 DeviceOption = typer.Option("cpu", help="cpu, cuda, cuda:N or auto")
+StoreOption = typer.Option(
+    "auto",
+    "--store",
+    help="folder where keys and generation batches are shared with other evals by content digest; "
+    "auto: $OPENSTAMP_EVAL_STORE, else eval/ under the model cache; none: keep nothing",
+)
 CacheOption = typer.Option(
     None, help="where packaged models are converted (default $OPENSTAMP_CACHE or ~/.cache/openstamp)"
 )

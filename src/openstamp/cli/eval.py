@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from openstamp.cli.common import console, friendly_errors, out, parse_settings, setup_logging
+from openstamp.cli.common import StoreOption, console, friendly_errors, out, parse_settings, setup_logging
 
 
 @friendly_errors
@@ -30,11 +30,7 @@ def evaluate(
     generator: str = typer.Option(
         "transformers", help="transformers, vllm (a CUDA GPU with vLLM; else transformers) or auto"
     ),
-    store: str = typer.Option(
-        "auto",
-        help="folder where keys and generation batches are shared with other evals by content digest; "
-        "auto: $OPENSTAMP_EVAL_STORE, else eval/ under the model cache; none: keep nothing",
-    ),
+    store: str = StoreOption,
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Compare OpenStamp with the baselines on detection and text quality, and write a report."""

@@ -16,16 +16,25 @@ entry; key files are hard links where the file system allows (a key is written o
 edited), else copies. ``openstamp eval --store`` chooses the folder: by default
 ``$OPENSTAMP_EVAL_STORE``, else ``eval/`` under the model cache (``$OPENSTAMP_CACHE`` or
 ``~/.cache/openstamp``); ``none`` keeps nothing.
+
+An entry's modification time is its last use (kept, or taken by an eval). ``openstamp store`` shows what the
+store holds and removes entries unused for a number of days (``--prune-days``) or all of them (``--clear``);
+an entry is renamed away before it is deleted, so an eval never reads half of one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
+import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from openstamp.storage import atomic_directory, atomic_write_json, read_json
@@ -78,6 +87,7 @@ class EvalStore:
             return False
         with atomic_directory(directory, overwrite=True) as tmp:
             _link_tree(kept, tmp)
+        _touch(kept)
         self.hits += 1
         log.info("key taken from the store (%s)", kept)
         return True
@@ -100,11 +110,54 @@ class EvalStore:
         except ValueError as err:
             log.warning("%s; generating the batch again", err)
             return None
+        _touch(path)
         self.hits += 1
         return ids
 
     def keep_batch(self, ident: str, ids: list) -> None:
         atomic_write_json(self.root / "generations" / f"{ident}.json", ids)
+
+    def entries(self) -> list[Entry]:
+        """Every finished entry, keys then batches (a half-written one, a hidden temporary, is left out)."""
+        keys = sorted(p for p in (self.root / "keys").glob("[!.]*") if (p / "done").exists())
+        batches = sorted((self.root / "generations").glob("[!.]*.json"))
+        return [Entry.of(p, "key") for p in keys] + [Entry.of(p, "batch") for p in batches]
+
+    def prune(self, days: float | None = None) -> list[Entry]:
+        """Remove the entries unused for more than ``days`` days (all of them for None); return those removed."""
+        cutoff = math.inf if days is None else time.time() - days * 86400
+        removed = [e for e in self.entries() if e.last_used < cutoff]
+        for entry in removed:
+            gone = entry.path.with_name(f".{entry.path.name}.removed-{uuid.uuid4().hex[:8]}")
+            os.rename(entry.path, gone)  # an eval now misses the entry instead of reading part of it
+            if gone.is_dir():
+                shutil.rmtree(gone)
+            else:
+                gone.unlink()
+        return removed
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kept key or batch: its path, kind (key or batch), bytes on disk (a hard-linked file counts in full)
+    and last use (seconds since the epoch)."""
+
+    path: Path
+    kind: str
+    size: int
+    last_used: float
+
+    @classmethod
+    def of(cls, path: Path, kind: str) -> Entry:
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        stamp = path / "done" if path.is_dir() else path
+        return cls(path, kind, sum(p.stat().st_size for p in files), stamp.stat().st_mtime)
+
+
+def _touch(path: Path) -> None:
+    """Record a use of an entry (its done marker for a key folder); a read-only store keeps its times."""
+    with contextlib.suppress(OSError):
+        os.utime(path / "done" if path.is_dir() else path)
 
 
 def open_store(spec: str | None) -> EvalStore | None:
