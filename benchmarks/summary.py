@@ -89,6 +89,19 @@ def own_ppl_reuse(r: dict) -> list[str]:
     ]
 
 
+def generate_speed(r: dict) -> list[str]:
+    s, rate = r["settings"], r["sampled_tokens_per_s"]
+    return [
+        f"Sampling speed (`python benchmarks/generate_speed.py --n {s['n']} --new-tokens {s['new_tokens']}`), "
+        f"{s['n']} prompts of 50 tokens, {s['new_tokens']} new tokens: float32 {rate['float32_b32']:.0f} tokens/s at "
+        f"batch 32 and {rate['float32_b64']:.0f} at batch 64, bfloat16 {rate['bfloat16_b32']:.0f} at batch 32; a plain "
+        f"forward pass over the same tokens runs at {r['plain_forward_tokens_per_s']:.0f} tokens/s. The default eval "
+        f"samples {r['default_eval_sets']} completion sets of 200 x 200 tokens: "
+        f"{r['default_eval_generation_min']:.0f} min at float32 batch 32 for that stage alone, before any key, score "
+        "or oracle perplexity.",
+    ]
+
+
 def eval_store(r: dict) -> list[str]:
     s, t, first = r["settings"], r["seconds"], r["stages"]["first"]
     return [
@@ -453,6 +466,7 @@ def render() -> str:
         ("score_reuse", score_reuse),
         ("own_ppl_reuse", own_ppl_reuse),
         ("eval_store", eval_store),
+        ("generate_speed", generate_speed),
         ("key_rebuild", key_rebuild),
         ("key_rebuild_from_results", key_rebuild_from_results),
         ("detect_quality", detect_quality),
