@@ -140,12 +140,12 @@ paraphrase64() {
   # every method under paraphrase at n 64, the paper's prompt and the strong one, with the faster 0.5B paraphraser
   # (about 9 s a paraphrase here, against 37 s for the 1.5B); OpenStamp against no projection is the projection's
   # effect. On its own eval, so that one session can make it: 200 prompts (the human negatives), no oracle and no
-  # length curve (107 min on 2 cores shared with other work, against 147 for the main eval; the keys and completions
-  # the eval stage made with the same settings come from the eval store instead); KGW-distilled is left out (its
-  # distillation alone takes 43 min). About 13 min per method and prompt on 2 cores (8 batches of 8 paraphrases,
-  # then scoring): about 90 min per prompt for 7 methods; each prompt is kept when done.
+  # length curve (107 min on 2 cores shared with other work for the first 7 methods; KGW-distilled, added later to
+  # the same folder, 52 min, 41 of them distilling; the keys and completions the eval stage made with the same
+  # settings come from the eval store instead). About 13 min per method and prompt on 2 cores (8 batches of 8
+  # paraphrases, then scoring): about 100 min per prompt for the 8 methods; each prompt is kept when done.
   local P=runs/eval-para K=benchmarks/results/paraphrase64
-  local methods=openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir
+  local methods=openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir,kgw-distilled
   bash scripts/install_assets.sh qwen05  # the paraphraser is not among the default assets
   $OPENSTAMP eval --model smollm2-135m --methods $methods --n 200 --oracle none --set lengths= --out $P
   mkdir -p $K/attacks
