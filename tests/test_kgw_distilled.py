@@ -13,7 +13,7 @@ from transformers import LogitsProcessorList
 from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY, create
-from openstamp.methods.kgw_distilled import mean_teacher_kl, teacher_kl
+from openstamp.methods.kgw_distilled import KGWDistilledConfig, _kl_loss, mean_teacher_kl, teacher_kl
 from openstamp.models import load_model
 from openstamp.patch import head
 from openstamp.text import encode
@@ -66,6 +66,18 @@ def test_kl_to_the_teacher_falls_during_distillation(env):
     after = mean_teacher_kl(student, base, method.greens, 3.0, windows)
     assert after < 0.7 * before
     assert np.mean(method.losses[-20:]) < 0.7 * np.mean(method.losses[:20])
+
+
+def test_bfloat16_autocast_distils_the_same_loss_in_lower_precision(env):
+    base, tok, docs, method, _ = env
+    ids = training_windows(tok, docs, 64)[:4]
+    student = marked(method, copy.deepcopy(base))
+    full = _kl_loss(base, method.greens, 3.0, "float32")(student, ids, ids)
+    low = _kl_loss(base, method.greens, 3.0, "bfloat16")(student, ids, ids)
+    assert low.dtype == torch.float32 and float(low) != float(full)  # autocast ran the passes in bfloat16
+    assert float(low) == pytest.approx(float(full), rel=0.05)
+    with pytest.raises(ValueError, match="autocast"):
+        KGWDistilledConfig(autocast="float16")
 
 
 def test_teacher_kl_is_zero_for_the_teacher_and_matches_its_definition():

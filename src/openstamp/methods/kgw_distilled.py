@@ -35,7 +35,10 @@ flagged at 1% FPR in 5.5% of 200 completions of 200 tokens (AUROC 0.76). The def
 500 steps (256k tokens, about 28 minutes here; 40 minutes beside the test suite), within the hour
 the issue allows a key: KL 0.313 -> 0.254, and 25.5% of the texts flagged (AUROC 0.87). Gu et al.
 distil for far longer on GPUs, so the baseline stays weaker than theirs; raise ``steps`` where
-time allows.
+time allows. Those figures are float32; the forward passes now run under bfloat16 autocast
+(``autocast``, the weights and optimizer stay float32): ``benchmarks/distill_precision.py``, 60 steps
+from one seed each way, took 4.61 s a step in float32 and 3.28 s in bfloat16 (1.41x), and the two
+students' KL to the teacher on held-out windows was 0.2976 and 0.2978 (the original's 0.3397).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from openstamp.config import option
+from openstamp.config import check, option
 from openstamp.methods.base import Carrier, MethodScore, WatermarkMethod, register
 from openstamp.methods.common import load_key, method_secret, save_key
 from openstamp.methods.kgw import KGW, KGWLLR, GreenLists, KGWConfig, KGWLLRConfig
@@ -65,15 +68,17 @@ _WEIGHT = "weight/"  # prefix of the student's parameters in key.safetensors
 @dataclass(frozen=True, kw_only=True)
 class KGWDistilledConfig(KGWLLRConfig):
     delta: float = option(2.0, "the teacher's logit bias on green tokens (the strength; one key per delta)")
-    steps: int = option(500, "distillation optimizer steps (about 28 min for SmolLM2-135M on 2 idle CPU cores)")
+    steps: int = option(500, "distillation optimizer steps (about 20 min for SmolLM2-135M on 2 idle CPU cores)")
     batch_size: int = option(4, "token windows per distillation step")
     seq_len: int = option(128, "tokens per distillation window")
     lr: float = option(1e-4, "peak learning rate (cosine schedule after a linear warm-up)")
     optimizer: str = option("adamw", "adamw (Gu et al.'s) or adafactor")
     warmup_fraction: float = option(0.1, "fraction of the steps with a linear warm-up")
+    autocast: str = option("bfloat16", "dtype of the distillation's forward passes: bfloat16 (autocast) or float32")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.autocast in ("bfloat16", "float32"), "autocast must be bfloat16 or float32")
         self.train_config()  # validates the budget
 
     def train_config(self, seed: int = 0) -> TrainConfig:
@@ -109,14 +114,20 @@ def teacher_kl(
     return (teacher.exp() * (teacher - student)).sum(-1).mean()
 
 
-def _kl_loss(base, greens: GreenLists, delta: float) -> Callable[..., torch.Tensor]:
-    """``loss_fn`` for :func:`openstamp.training.train`: the student's KL to base + delta G."""
+def _kl_loss(base, greens: GreenLists, delta: float, autocast: str = "float32") -> Callable[..., torch.Tensor]:
+    """``loss_fn`` for :func:`openstamp.training.train`: the student's KL to base + delta G.
+
+    ``autocast="bfloat16"`` runs both forward passes under ``torch.autocast`` (the weights, their
+    gradients and the optimizer stay float32; the KL itself is taken in float32).
+    """
 
     def loss(student, ids: torch.Tensor, _labels: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            base_logits = base(input_ids=ids).logits
-            green = greens.rows(ids.flatten().tolist()).view(*ids.shape, -1).to(ids.device)
-        return teacher_kl(student(input_ids=ids).logits, base_logits, green, delta)
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast == "bfloat16"):
+            with torch.no_grad():
+                base_logits = base(input_ids=ids).logits
+            student_logits = student(input_ids=ids).logits
+        green = greens.rows(ids.flatten().tolist()).view(*ids.shape, -1).to(ids.device)
+        return teacher_kl(student_logits, base_logits, green, delta)
 
     return loss
 
@@ -140,7 +151,7 @@ def distill(
     Returns the student (eval mode, no gradients) and the per-step losses.
     """
     student = prepare(copy.deepcopy(model), cfg.train_config(seed))
-    losses = train(student, windows, cfg.train_config(seed), loss_fn=_kl_loss(model, greens, cfg.delta))
+    losses = train(student, windows, cfg.train_config(seed), loss_fn=_kl_loss(model, greens, cfg.delta, cfg.autocast))
     return student.requires_grad_(False).eval(), losses
 
 
