@@ -1,12 +1,13 @@
 """How fast the packaged model samples on this machine, and what that sets as the floor of the default eval.
 
-    python benchmarks/generate_speed.py [--model smollm2-135m] [--n 64] [--new-tokens 64]
+    python benchmarks/generate_speed.py [--model smollm2-135m] [--n 200] [--new-tokens 64]
 
 Samples ``new_tokens`` after ``n`` held-out prompts of 50 tokens with ``openstamp.generate.sample_completions``
-(what the eval calls), in float32 at batch 32 and 64 and in bfloat16 at batch 32, interleaved, and times a plain
-forward pass over the same prompt + completion tokens as the in-run reference. The default eval samples one
-completion set per generation family and default strength of the registry, and the unwatermarked one, 200 prompts x
-200 new tokens each; at the measured float32 rate that stage alone takes ``default_eval_generation_min`` minutes.
+(what the eval calls), in float32 at batch 32 (the eval's batch before 2026-11-26) and at the eval's batch now
+(``EvalConfig.batch_size``), and in bfloat16 at the eval's batch, interleaved, and times a plain forward pass over the
+same prompt + completion tokens as the in-run reference. The default eval samples one completion set per generation
+family and default strength of the registry, and the unwatermarked one, 200 prompts x 200 new tokens each; at the
+measured float32 rate of its batch that stage alone takes ``default_eval_generation_min`` minutes.
 Writes benchmarks/results/generate_speed.json.
 """
 
@@ -23,13 +24,14 @@ from openstamp.evaluation.pipeline import configured
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY
 
-SETTINGS = {"float32_b32": ("float32", 32), "float32_b64": ("float32", 64), "bfloat16_b32": ("bfloat16", 32)}
+BATCH = EvalConfig().batch_size
+SETTINGS = {"float32_b32": ("float32", 32), "float32_eval": ("float32", BATCH), "bfloat16_eval": ("bfloat16", BATCH)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
@@ -63,9 +65,9 @@ def main() -> None:
     cfg = EvalConfig()
     methods = [configured(name, cfg) for name in REGISTRY]  # a set per generation family and default strength
     sets = 1 + len({(m.generation_family, m.strength_value) for m in methods})
-    floor = sets * cfg.n * cfg.new_tokens / rates["float32_b32"] / 60
+    floor = sets * cfg.n * cfg.new_tokens / rates["float32_eval"] / 60
     result = {
-        "settings": vars(args),
+        "settings": {**vars(args), "eval_batch": BATCH},
         "seconds": seconds,
         "sampled_tokens_per_s": rates,
         "plain_forward_tokens_per_s": args.n * (50 + args.new_tokens) / seconds["plain_forward"],
@@ -78,7 +80,7 @@ def main() -> None:
         + ", ".join(f"{name} {rate:.0f}" for name, rate in rates.items())
         + f" (a plain forward pass over prompt + completion: {result['plain_forward_tokens_per_s']:.0f} tokens/s). "
         f"The default eval samples {sets} sets of {cfg.n} x {cfg.new_tokens} tokens: {floor:.0f} min at float32 "
-        "batch 32, before any key, score or oracle"
+        f"batch {BATCH}, before any key, score or oracle"
     )
 
 

@@ -249,7 +249,7 @@ class EvalConfig:
     )
     downstream_limit: int = option(200, "items per downstream task")
     oracle: str = option("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
-    batch_size: int = option(32, "generation batch")
+    batch_size: int = option(100, "generation batch (larger batches sample faster: benchmarks/generate_speed.py)")
     score_batch_size: int = option(16, "detection batch")
     dtype: str = option("float32", "model dtype")
     device: str = option("cpu", "cpu, cuda or auto")
