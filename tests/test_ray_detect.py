@@ -22,7 +22,15 @@ CONFIG = DetectConfig(min_tokens=4, batch_size=4)
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray waits a fixed 30 s for its raylet to register; on a loaded machine it may not, so try again
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as err:
+            ray.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(err):
+                raise
     yield
     ray.shutdown()
 
