@@ -91,14 +91,27 @@ def own_ppl_reuse(r: dict) -> list[str]:
 
 def generate_speed(r: dict) -> list[str]:
     s, rate = r["settings"], r["sampled_tokens_per_s"]
+    b = s["eval_batch"]
     return [
         f"Sampling speed (`python benchmarks/generate_speed.py --n {s['n']} --new-tokens {s['new_tokens']}`), "
         f"{s['n']} prompts of 50 tokens, {s['new_tokens']} new tokens: float32 {rate['float32_b32']:.0f} tokens/s at "
-        f"batch 32 and {rate['float32_b64']:.0f} at batch 64, bfloat16 {rate['bfloat16_b32']:.0f} at batch 32; a plain "
-        f"forward pass over the same tokens runs at {r['plain_forward_tokens_per_s']:.0f} tokens/s. The default eval "
-        f"samples {r['default_eval_sets']} completion sets of 200 x 200 tokens: "
-        f"{r['default_eval_generation_min']:.0f} min at float32 batch 32 for that stage alone, before any key, score "
+        f"batch 32 (the eval's batch before) and {rate['float32_eval']:.0f} at batch {b} (the eval's batch now, "
+        f"{rate['float32_eval'] / rate['float32_b32']:.2f}x), bfloat16 {rate['bfloat16_eval']:.0f} at batch {b}; a "
+        f"plain forward pass over the same tokens runs at {r['plain_forward_tokens_per_s']:.0f} tokens/s. The default "
+        f"eval samples {r['default_eval_sets']} completion sets of 200 x 200 tokens: "
+        f"{r['default_eval_generation_min']:.0f} min at float32 batch {b} for that stage alone, before any key, score "
         "or oracle perplexity.",
+    ]
+
+
+def distill_precision(r: dict) -> list[str]:
+    s, fp, bf = r["settings"], r["float32"], r["bfloat16"]
+    return [
+        f"KGW-distilled's distillation in float32 and under bfloat16 autocast (`python benchmarks/distill_precision.py "
+        f"--steps {s['steps']}`), the same seed and windows: {fp['seconds_per_step']:.2f} s a step against "
+        f"{bf['seconds_per_step']:.2f} s ({r['speedup']:.2f}x); the students' KL to the delta-2 teacher on "
+        f"{s['heldout']} held-out windows {fp['heldout_kl']:.4f} and {bf['heldout_kl']:.4f} (the original model's "
+        f"{r['heldout_kl_original']:.4f}). The baseline distils under bfloat16 autocast by default.",
     ]
 
 
@@ -467,6 +480,7 @@ def render() -> str:
         ("own_ppl_reuse", own_ppl_reuse),
         ("eval_store", eval_store),
         ("generate_speed", generate_speed),
+        ("distill_precision", distill_precision),
         ("key_rebuild", key_rebuild),
         ("key_rebuild_from_results", key_rebuild_from_results),
         ("detect_quality", detect_quality),
