@@ -358,8 +358,13 @@ def test_a_run_grows_by_seeds_and_methods_but_not_by_other_changes(tmp_path):
     for other in (EvalConfig(seeds=(1, 2), methods=grown.methods), EvalConfig(seeds=(0, 1, 2), methods=("kgw",))):
         with pytest.raises(ValueError, match="different settings"):  # dropping a seed or a method is a change
             pipeline._check_config(other, tmp_path)
-    with pytest.raises(ValueError, match="n: 200 there, 100 now"):
+    with pytest.raises(ValueError, match="n: 200 there, 100 now") as refused:
         pipeline._check_config(EvalConfig(seeds=(0, 1, 2, 3), methods=grown.methods, n=100), tmp_path)
+    assert str(refused.value).endswith("or resume it as it was made: add --set 'n=200'")
+    other = EvalConfig(seeds=grown.seeds, methods=grown.methods, corpus="news", lengths=())
+    with pytest.raises(ValueError) as refused:  # as after a changed default (the generation batch's 32 -> 100)
+        pipeline._check_config(other, tmp_path)
+    assert "--set 'corpus=news,wikipedia' --set 'lengths=[16, 32, 64, 128]'" in str(refused.value)
 
 
 def test_a_killed_sweep_resumes_where_it_stopped(model_dir, corpus_file, tmp_path):
@@ -419,6 +424,8 @@ def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_
     recorded = tmp_path / "keys" / "openstamp-nosem" / "s0" / "settings.json"
     settings = json.loads(recorded.read_text())
     assert settings["n_lists"] == cfg.method_settings["openstamp-nosem"]["n_lists"]
+    recorded.write_text(json.dumps({k: v for k, v in settings.items() if k != "n_lists"}))
+    pipeline.run_eval(cfg, tmp_path, progress=False)  # a field added since the key was built takes today's value
     recorded.write_text(json.dumps({**settings, "n_lists": settings["n_lists"] + 1}))  # as if a default had changed
     with pytest.raises(ValueError, match="built with other openstamp-nosem settings \\(n_lists"):
         pipeline.run_eval(cfg, tmp_path, progress=False)

@@ -112,11 +112,17 @@ def differences(stored: dict, wanted: dict, grows: tuple[str, ...] = ()) -> str:
     """How two settings dicts differ, compared as JSON: 'name: stored value there, wanted value now' per field,
     '' where they match; a list field named in ``grows`` matches where the stored items are all wanted."""
     stored, wanted = json.loads(json.dumps(stored)), json.loads(json.dumps(wanted))
+    changed = changed_fields(stored, wanted, grows)
+    return "; ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)
+
+
+def changed_fields(stored: dict, wanted: dict, grows: tuple[str, ...] = ()) -> list[str]:
+    """The names of the fields in which two settings dicts differ, compared as JSON (see :func:`differences`)."""
+    stored, wanted = json.loads(json.dumps(stored)), json.loads(json.dumps(wanted))
 
     def same(k: str) -> bool:
         old, new = stored.get(k), wanted.get(k)
         grown = k in grows and isinstance(old, list) and isinstance(new, list) and set(old) <= set(new)
         return old == new or grown
 
-    changed = sorted(k for k in stored.keys() | wanted.keys() if not same(k))
-    return "; ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)
+    return sorted(k for k in stored.keys() | wanted.keys() if not same(k))

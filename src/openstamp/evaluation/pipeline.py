@@ -43,7 +43,7 @@ from openstamp.methods.common import key_digest
 from openstamp.models import load_model
 from openstamp.monitor import add_seconds, machine, sum_seconds
 from openstamp.patch import tensor_sha256
-from openstamp.storage import atomic_write_json, changed_settings, read_json
+from openstamp.storage import atomic_write_json, changed_fields, changed_settings, read_json
 from openstamp.text import prompt_windows
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,21 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     wanted = asdict(cfg)
     if changed := changed_settings(path, wanted, "run config", asdict(EvalConfig()), grows=GROWS):
-        raise ValueError(f"{out} holds a run with different settings ({changed}); choose another --out or delete it")
+        stored = read_json(path, "run config")
+        again = [k for k in changed_fields(stored, wanted, GROWS) if k in stored and k not in GROWS]
+        hint = " ".join(_set_option(k, stored[k]) for k in again)
+        raise ValueError(
+            f"{out} holds a run with different settings ({changed}); choose another --out or delete it"
+            + (f", or resume it as it was made: add {hint}" if hint else "")
+        )
     atomic_write_json(path, wanted)
+
+
+def _set_option(name: str, value) -> str:
+    """The ``--set`` option that gives a setting this value (a default may have changed since a run was made)."""
+    import json
+
+    return f"--set '{name}={value if isinstance(value, str) else json.dumps(value)}'"
 
 
 def load_windows(cfg: EvalConfig, tokenizer, exclude: set[str], out: Path) -> list[dict]:
@@ -276,8 +289,9 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength=None, st
     if store is not None and not (directory / "done").exists():
         store.fetch_key(ident, directory)
     if (directory / "done").exists():
-        # settings.json is absent from runs begun before keys recorded their settings: nothing to compare
-        if changed := changed_settings(directory / "settings.json", settings, "key settings"):
+        # settings.json is absent from runs begun before keys recorded their settings: nothing to compare; a field
+        # added to the method since the key was built takes its value now (KGW-distilled's autocast, for one)
+        if changed := changed_settings(directory / "settings.json", settings, "key settings", settings):
             raise ValueError(
                 f"{directory} was built with other {name} settings ({changed}); a default may have changed since: "
                 "choose another --out, or move that method's files out of the run"
