@@ -9,7 +9,7 @@ from openstamp import load_model
 from openstamp.cli import app
 from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import METRICS
-from openstamp.evaluation.report import COLUMNS, fmt, shown_columns
+from openstamp.evaluation.report import COLUMNS, fmt, shown_columns, timing_lines
 from openstamp.monitor import machine
 
 runner = CliRunner()
@@ -184,6 +184,9 @@ def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file,
     timings = resumed["timings_s"]  # the killed invocation's seconds were kept beside the resumed one's
     assert timings["invocations"] == 2 and timings["stages"]["generate"] > 0 and timings["complete"]
     assert timings["total"] == pytest.approx(sum(timings["stages"].values()), abs=0.5)
+    spent = timings["methods"]["openstamp-nosem"]  # the method's runs, over both invocations
+    assert spent["generate"] > 0 and spent["score"] > 0
+    assert all(spent[stage] <= timings["stages"][stage] + 1e-3 for stage in spent)
     assert "Time spent per stage, summed over 2 invocation(s)" in (tmp_path / "report.md").read_text()
 
 
@@ -411,11 +414,22 @@ def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
     assert later == {
         "stages": {"generate": 3.0, "score": 0.5},
         "total": 3.5,
+        "methods": {},
         "invocations": 2,
         "machines": [here],
         "complete": False,
     }
     assert set(here) == {"cpu", "threads"} and here["cpu"] and here["threads"] >= 1
+    spent = {"kgw": {"generate": 1.0}, "sir": {"keys": 2.0, "score": 0.25}}
+    pipeline.record_timings(tmp_path, "t2", {"generate": 2.0, "keys": 2.0, "score": 0.5}, by_method=spent)
+    last = pipeline.record_timings(tmp_path, "t3", {"generate": 1.0}, by_method={"kgw": {"generate": 0.5}})
+    assert last["methods"] == {"kgw": {"generate": 1.5}, "sir": {"keys": 2.0, "score": 0.25}}
+    line = timing_lines(last)[0]
+    assert (
+        "Per method (its keys, completions, scores and the rest of its runs): sir 2 s (keys 2, score 0); kgw 2 s"
+        in line
+    )
+    assert "outside any method's runs (the unwatermarked sets, the original model, the oracle) 5 s." in line
 
 
 def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_path):

@@ -67,12 +67,13 @@ def run_eval(
     _check_lengths(cfg)
     _check_config(cfg, out)
     seconds: dict[str, float] = {}
+    by_method: dict[str, dict[str, float]] = {}  # the part of ``seconds`` each method's runs spent
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
     untimed = (out / "generations").exists() and not (out / "timings.json").exists()  # a run begun before timings
     try:
-        runs, windows = _stages(cfg, out, progress, choice, seconds, started, store)
+        runs, windows = _stages(cfg, out, progress, choice, seconds, by_method, started, store)
     finally:  # an interrupted invocation keeps its seconds too
-        timings = record_timings(out, started, seconds, untimed)
+        timings = record_timings(out, started, seconds, untimed, by_method)
     results = collect_results(out, cfg, runs, windows)
     results["timings_s"] = timings
     atomic_write_json(out / "results.json", results)
@@ -82,8 +83,9 @@ def run_eval(
     return results
 
 
-def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[str, float], started: str, store):
-    """Keys, generations, own perplexity, downstream, scores, lengths and the oracle; each stage timed into ``seconds``.
+def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds, by_method, started: str, store):
+    """Keys, generations, own perplexity, downstream, scores, lengths and the oracle; each stage timed into ``seconds``,
+    and what each method's runs spent into ``by_method`` (method -> stage -> seconds).
 
     Returns the runs and the prompt windows.
     """
@@ -109,6 +111,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
             generate_set(out, name, model, tokenizer, prompts, cfg, seed, None, progress, choice, store, [None])
         for name in cfg.methods:
             for strength in strengths(cfg, name):
+                before = dict(seconds)
                 with add_seconds(seconds, "keys"):
                     variant = keyed_variant(out, name, seed, cfg, model, tokenizer, key_docs, strength, keys, store)
                 run = f"{name}@{strength:g}/s{seed}"
@@ -151,7 +154,9 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
                         "key_sha256": key_digest(key_dir),
                     }
                 )
-                record_timings(out, started, seconds)
+                spent = {k: v - before.get(k, 0.0) for k, v in seconds.items() if v > before.get(k, 0.0)}
+                by_method[name] = sum_seconds([by_method.get(name, {}), spent])
+                record_timings(out, started, seconds, by_method=by_method)
     if cfg.oracle != "none":
         del model
         with add_seconds(seconds, "oracle"):
@@ -159,24 +164,33 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds: dict[st
     return runs, windows
 
 
-def record_timings(out: Path, started: str, seconds: dict[str, float], untimed: bool = False) -> dict:
+def record_timings(
+    out: Path, started: str, seconds: dict[str, float], untimed: bool = False, by_method: dict | None = None
+) -> dict:
     """Write this invocation's stage seconds and machine into out/timings.json (one entry per invocation, by start
-    time).
+    time), with the part each method's runs spent (``by_method``: method -> stage -> seconds).
 
     Called after every run, so a killed invocation keeps what it had spent. Returns each stage's sum
-    over every invocation so far; ``complete`` is False when the run directory held work done before
-    timings were recorded (``untimed``), which the sums leave out.
+    over every invocation so far, and per method (``methods``; what no method's run spent, the unwatermarked
+    sets, the original's own perplexity and the oracle, is the rest); ``complete`` is False when the run
+    directory held work done before timings were recorded (``untimed``), which the sums leave out.
     """
     path = out / "timings.json"
     history = [e for e in (read_json(path, "timings") if path.exists() else []) if e["started"] != started]
     entry = {"started": started, "seconds": {k: round(v, 3) for k, v in seconds.items()}, "machine": machine()}
+    if by_method:
+        entry["methods"] = by_method
     history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
     atomic_write_json(path, history)
     totals = sum_seconds([e["seconds"] for e in history])
     machines = [e["machine"] for e in history if "machine" in e]
+    names = dict.fromkeys(name for e in history for name in e.get("methods", {}))
     return {
         "stages": totals,
         "total": round(sum(totals.values()), 3),
+        "methods": {
+            name: sum_seconds([e["methods"][name] for e in history if name in e.get("methods", {})]) for name in names
+        },
         "invocations": len(history),
         "machines": [m for i, m in enumerate(machines) if m not in machines[:i]],  # each processor and thread count
         "complete": not any(e.get("untimed_earlier_work") for e in history),

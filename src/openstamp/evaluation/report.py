@@ -177,14 +177,30 @@ def pareto_table(results: dict) -> list[str]:
     ]
 
 
+def _by_size(seconds: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(seconds.items(), key=lambda kv: -kv[1])
+
+
+def _longest_first(seconds: dict[str, float], unit: str = "") -> str:
+    return ", ".join(f"{name} {sec:.0f}{unit}" for name, sec in _by_size(seconds))
+
+
 def timing_lines(t: dict) -> list[str]:
     """Each stage's seconds, longest first, and the total (``timings_s`` of a results file)."""
-    stages = ", ".join(f"{name} {sec:.0f} s" for name, sec in sorted(t["stages"].items(), key=lambda kv: -kv[1]))
+    stages = _longest_first(t["stages"], " s")
     line = (
         f"Time spent per stage, summed over {t['invocations']} invocation(s)"
         f"{f' of {n} shards (machine time, not wall-clock)' if (n := t.get('shards')) else ''}: {stages}; "
         f"{t['total']:.0f} s ({t['total'] / 60:.0f} min)."
     )
+    if methods := t.get("methods"):
+        spent = {name: sum(stages.values()) for name, stages in methods.items()}
+        parts = [f"{name} {sec:.0f} s ({_longest_first(methods[name])})" for name, sec in _by_size(spent)]
+        line += (
+            f" Per method (its keys, completions, scores and the rest of its runs): {'; '.join(parts)}; "
+            f"outside any method's runs (the unwatermarked sets, the original model, the oracle) "
+            f"{t['total'] - sum(spent.values()):.0f} s."
+        )
     if not t.get("complete", True):
         line += " Work done before this version recorded timings is not counted."
     return [line, ""]

@@ -132,9 +132,13 @@ def _timings(all_timings: list[dict | None]) -> dict | None:
     if not known:
         return None
     stages = sum_seconds([t["stages"] for t in known])
+    names = dict.fromkeys(name for t in known for name in t.get("methods", {}))
     return {
         "stages": stages,
         "total": round(sum(stages.values()), 3),
+        "methods": {
+            name: sum_seconds([t["methods"][name] for t in known if name in t.get("methods", {})]) for name in names
+        },
         "invocations": sum(t["invocations"] for t in known),
         "complete": len(known) == len(all_timings) and all(t.get("complete", True) for t in known),
         "shards": len(all_timings),
