@@ -21,6 +21,15 @@ eval_run() {
   $OPENSTAMP eval --model smollm2-135m \
     --n 200 --out $EVAL
 }
+timed() {
+  # the default comparison from a cold start, timed (the goal: 30 min on this machine): a run folder and
+  # an eval store of its own, empty at first, so every key, completion and score is made here. Resumable: a killed
+  # invocation keeps its seconds, and the sums cover every invocation
+  local T=runs/eval-timed
+  $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
+  mkdir -p benchmarks/results/eval_timed
+  cp $T/results.json $T/report.md benchmarks/results/eval_timed/
+}
 tune() {
   # the smallest delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs
   $OPENSTAMP tune --model smollm2-135m --corpus wikipedia --target-tpr 0.95 --tokens 64 --fpr 0.01 --n 32 \
@@ -203,7 +212,7 @@ keep() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval tune cost sweep durability analyses edit quantize quantize_head reinit inversion
+[ ${#stages[@]} -gt 0 ] || stages=(eval timed tune cost sweep durability analyses edit quantize quantize_head reinit inversion
   finetune fade merge prune instruct paraphrase paraphrase64)
 for stage in "${stages[@]}"; do
   fn=$stage

@@ -338,6 +338,28 @@ def evaluation(r: dict) -> list[str]:
     ]
 
 
+def evaluation_timed(r: dict, before: dict | None) -> list[str]:
+    """The default comparison from a cold start (``reference_runs.sh timed``): its stages against the kept eval's."""
+    from openstamp.evaluation.report import timing_lines
+
+    t = r["timings_s"]
+    tprs = ", ".join(f"{row['method']} {row['tpr_at_1pct_fpr']['mean']:.3f}" for row in r["summary"])
+    line = (
+        f"The default comparison from a cold start (`bash benchmarks/reference_runs.sh timed`: `openstamp eval --n "
+        f"{r['config']['n']}`, every method, a new run folder and an empty eval store), measured on "
+        f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** against the issue's goal of 30 min. " + timing_lines(t)[0]
+    )
+    if before is not None:
+        b = before["timings_s"]
+        line += (
+            " The kept eval above ran before the hidden-state reuse of own perplexity and of the length curve, own "
+            "perplexity's batched head, the generation batch of 100 (was 32) and the distillation's bfloat16 "
+            f"autocast, partly beside other work: {b['total'] / 60:.0f} min"
+            f"{'' if b.get('complete', True) else ' (incomplete: part of it predates timings)'}. "
+        )
+    return [line + f" TPR@1%FPR in this run: {tprs}."]
+
+
 def _trained(r: dict) -> list[str]:
     """The training budget of the methods whose key is trained (KGW-distilled's student, SIR's network)."""
     cells = []
@@ -494,6 +516,8 @@ def render() -> str:
     ev = RESULTS / "eval" / "results.json"
     if ev.exists():
         out += evaluation(json.loads(ev.read_text())) + [""]
+    if (timed := load("eval_timed/results")) is not None:
+        out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None) + [""]
         out += robustness(ev.parent) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     durable = RESULTS / "durability" / "results.json"
