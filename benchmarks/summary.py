@@ -516,9 +516,9 @@ def render() -> str:
     ev = RESULTS / "eval" / "results.json"
     if ev.exists():
         out += evaluation(json.loads(ev.read_text())) + [""]
+        out += robustness(ev.parent) + [""]
     if (timed := load("eval_timed/results")) is not None:
         out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None) + [""]
-        out += robustness(ev.parent) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
