@@ -73,6 +73,20 @@ def score_reuse(r: dict) -> list[str]:
     ]
 
 
+def retied_lengths(r: dict) -> list[str]:
+    s, t, c = r["settings"], r["seconds"], r["cache"]
+    return [
+        f"The length curve of OpenStamp on a re-tied key, scored from the original model as the eval does "
+        f"(`python benchmarks/retied_lengths.py --n {s['n']}`): {s['n']} texts of {s['length'] - 1} scored tokens, "
+        f"then each cut to {', '.join(map(str, s['cuts']))} tokens, take {t['method_per_call']:.1f} s with a new "
+        f"detector (and watermarked copy of the model) per call, as the eval did before, and {t['one_method']:.1f} s "
+        f"with one kept per method and key ({r['speedup']:.2f}x; largest score difference "
+        f"{r['max_score_difference']:.1e}): the copy's cached states served {c['one_method']['prefix_hits']} "
+        f"batches of cut texts (against {c['method_per_call']['prefix_hits']}), and the decoder ran "
+        f"{c['one_method']['misses']} times (against {c['method_per_call']['misses']}).",
+    ]
+
+
 def own_ppl_reuse(r: dict) -> list[str]:
     s, t = r["settings"], r["seconds"]
     grids = "; ".join(f"{name} {', '.join(map(str, grid))}" for name, grid in r["methods"].items())
@@ -349,6 +363,8 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
         f"{r['config']['n']}`, every method, a new run folder and an empty eval store), measured on "
         f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** against the issue's goal of 30 min. " + timing_lines(t)[0]
     )
+    if not t.get("methods"):
+        line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
     if before is not None:
         b = before["timings_s"]
         line += (
@@ -499,6 +515,7 @@ def render() -> str:
         ("selector_variants", selector_variants),
         ("detect_speed", detect_speed),
         ("score_reuse", score_reuse),
+        ("retied_lengths", retied_lengths),
         ("own_ppl_reuse", own_ppl_reuse),
         ("eval_store", eval_store),
         ("generate_speed", generate_speed),

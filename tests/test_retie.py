@@ -15,7 +15,9 @@ from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
 from openstamp.generate import sample_completions
+from openstamp.hidden import HiddenCache, reusing
 from openstamp.key import WatermarkKey
+from openstamp.methods import create
 from openstamp.models import load_model
 from openstamp.patch import apply_watermark, head, is_tied, revert_watermark, tied_head_mode
 from openstamp.watermark import build_key, embed
@@ -77,6 +79,30 @@ def test_detection_separates_re_tied_samples_on_the_release_and_on_the_base(reti
     scores = [r.score for r in on_release]
     assert roc_auc_score([1] * len(wm) + [0] * len(plain), scores) > 0.9
     assert sum(r.decision for r in on_release[: len(wm)]) > sum(r.decision for r in on_release[len(wm) :])
+
+
+def test_the_eval_scores_cut_texts_of_a_re_tied_key_from_the_release_states_it_cached(retied, tied_dir, corpus_file):
+    base, tok = load_model(str(tied_dir))
+    key = WatermarkKey.load(retied / "key")
+    ids = tok([d.text for d in load_documents(str(corpus_file))[:6]], add_special_tokens=False).input_ids
+    # cut where a word ends, so each cut text re-tokenises to a prefix of its full text
+    cuts = [next(i for i in range(24, len(x)) if tok.convert_ids_to_tokens(x[i]).startswith("Ġ")) for x in ids]
+    full = tok.batch_decode([x[:64] for x in ids])
+    cut = tok.batch_decode([x[:c] for x, c in zip(ids, cuts, strict=True)])
+    method = create("openstamp", min_tokens=8)
+    method.key = key
+    cache = HiddenCache()
+    with reusing(cache):
+        method.score(base, tok, full, batch_size=4)
+        misses = cache.misses
+        reused = method.score(base, tok, cut, batch_size=4)
+    assert cache.misses == misses and cache.prefix_hits == 2  # two batches of cut texts, no decoder run
+    fresh = create("openstamp", min_tokens=8)
+    fresh.key = key
+    for a, b in zip(reused, fresh.score(base, tok, cut, batch_size=4), strict=True):
+        assert a.score == pytest.approx(b.score, rel=1e-4, abs=1e-5) and a.p_value == b.p_value
+    rekeyed = method.with_strength(3.0)  # another delta is another release: its own copy, never the cached one
+    assert rekeyed.score(base, tok, cut, batch_size=4)[0].score != reused[0].score
 
 
 def test_revert_of_a_re_tied_release_restores_both_embeddings(retied, tied_dir):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from openstamp.detect import Detector
 from openstamp.hidden import States, collect_states
 from openstamp.key.key import WatermarkKey
 from openstamp.methods.base import MethodScore, WatermarkMethod, register
-from openstamp.patch import apply_watermark, revert_watermark
+from openstamp.patch import apply_watermark, check_key, revert_watermark
 from openstamp.watermark import build_key
 
 
@@ -81,10 +82,24 @@ class OpenStamp(WatermarkMethod):
         revert_watermark(model, self.key)
 
     def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
-        detector = Detector(
-            base, tokenizer, self.key, DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
-        )
+        detector = self._detector(base, tokenizer, batch_size)
         return [MethodScore(r.score, r.p_value, r.n_tokens, dict(r.detectors)) for r in detector.detect(texts)]
+
+    def _detector(self, base, tokenizer, batch_size: int) -> Detector:
+        """A detector of ``base``: for a re-tied key, the one made last, which scores on its watermarked copy.
+
+        That copy is the release's decoder. Keeping it while the key and ``base`` stay the same lets the
+        eval's hidden-state cache (kept per model object) serve the length curve's cut texts from the
+        full texts' states; a new copy per call would run the decoder again for every cut.
+        """
+        config = DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
+        last = getattr(self, "_last", None)
+        if last and last[0]() is base and last[1] is self.key and last[2] == config:
+            if check_key(base, self.key) == "original":  # base unchanged: the copy is still the release
+                return last[3]
+        detector = Detector(base, tokenizer, self.key, config)
+        self._last = (weakref.ref(base), self.key, config, detector) if detector.model is not base else None
+        return detector
 
 
 @dataclass(frozen=True, kw_only=True)
