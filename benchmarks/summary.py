@@ -26,6 +26,10 @@ OLDER = (  # figures measured before this release of the detector
     "not re-run since."
 )
 
+# The commit that kept OpenStamp's detector (and a re-tied key's copy of the model) across the eval's score calls
+# (b9ac730): evals created before it re-ran the decoder for the length curve's cut texts of both OpenStamp variants.
+DETECTOR_KEPT_FROM = "2026-11-26T04:55:43+00:00"
+
 
 def load(name: str) -> dict | None:
     path = RESULTS / f"{name}.json"
@@ -365,13 +369,18 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     )
     if not t.get("methods"):
         line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
+    if r["created"] < DETECTOR_KEPT_FROM:
+        line += (
+            " It ran the code before OpenStamp's detector was kept across score calls, so its length stage re-ran "
+            "the decoder for the cut texts of both OpenStamp variants (see the re-tied length curve above)."
+        )
     if before is not None:
         b = before["timings_s"]
         line += (
             " The kept eval above ran before the hidden-state reuse of own perplexity and of the length curve, own "
             "perplexity's batched head, the generation batch of 100 (was 32) and the distillation's bfloat16 "
             f"autocast, partly beside other work: {b['total'] / 60:.0f} min"
-            f"{'' if b.get('complete', True) else ' (incomplete: part of it predates timings)'}. "
+            f"{'' if b.get('complete', True) else ' (incomplete: part of it predates timings)'}."
         )
     return [line + f" TPR@1%FPR in this run: {tprs}."]
 
