@@ -63,7 +63,7 @@ def main() -> None:
     seconds = interleaved(
         {mode: lambda mode=mode: score(mode) for mode in ("one_method", "method_per_call")}, args.repeats
     )
-    kept, fresh, counts = scores["one_method"], scores["method_per_call"], caches
+    kept, fresh, counts = scores["one_method"], scores["method_per_call"], caches  # counts: of the last repeat
     gap = max(
         (abs(a - b) for x, y in zip(kept, fresh, strict=True) for a, b in zip(x, y, strict=True) if a is not None),
         default=0.0,

@@ -47,6 +47,7 @@ class OpenStamp(WatermarkMethod):
     sweep = (0.3, 0.6, 0.9, 1.2)
     key_fields = ("key",)
     key: WatermarkKey
+    _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector on a watermarked copy
 
     def build(self, model, tokenizer, documents, seed) -> None:
         cfg = load_profile(self.config.profile).with_overrides(
@@ -93,7 +94,7 @@ class OpenStamp(WatermarkMethod):
         full texts' states; a new copy per call would run the decoder again for every cut.
         """
         config = DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
-        last = getattr(self, "_last", None)
+        last = self._last
         if last and last[0]() is base and last[1] is self.key and last[2] == config:
             if check_key(base, self.key) == "original":  # base unchanged: the copy is still the release
                 return last[3]
