@@ -369,6 +369,8 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     )
     if not t.get("methods"):
         line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
+    if t.get("invocations", 1) > 1:  # timings are written after each run: a killed run's seconds are not in them
+        line += " The sums leave out what an interrupted invocation spent on the run it was stopped in."
     if r["created"] < DETECTOR_KEPT_FROM:
         line += (
             " It ran the code before OpenStamp's detector was kept across score calls, so its length stage re-ran "
