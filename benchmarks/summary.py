@@ -365,7 +365,8 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     line = (
         f"The default comparison from a cold start (`bash benchmarks/reference_runs.sh timed`: `openstamp eval --n "
         f"{r['config']['n']}`, every method, a new run folder and an empty eval store), measured on "
-        f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** against the issue's goal of 30 min. " + timing_lines(t)[0]
+        f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** recorded, against the issue's goal of 30 min. "
+        + timing_lines(t)[0]
     )
     if not t.get("methods"):
         line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
@@ -384,7 +385,7 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
             f"autocast, partly beside other work: {b['total'] / 60:.0f} min"
             f"{'' if b.get('complete', True) else ' (incomplete: part of it predates timings)'}."
         )
-    return [line + f" TPR@1%FPR in this run: {tprs}."]
+    return [line + f" TPR@1%FPR in this run: {tprs} (one seed, default strengths: near saturation, as above)."]
 
 
 def _trained(r: dict) -> list[str]:
