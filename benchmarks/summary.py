@@ -122,6 +122,23 @@ def generate_speed(r: dict) -> list[str]:
     ]
 
 
+def oracle_dtype(r: dict) -> list[str]:
+    s, t, a = r["settings"], r["seconds"], r["agreement"]
+    return [
+        f"The perplexity oracle's dtype (`python benchmarks/oracle_dtype.py --n {s['n']}`): `{s['oracle']}` over "
+        f"{r['texts']} texts of {s['new_tokens']} tokens (human continuations and the packaged model's samples after "
+        f"the same prompts), interleaved in one run: float32 {t['float32']:.1f} s, bfloat16 {t['bfloat16']:.1f} s "
+        f"({r['speedup_bfloat16']:.2f}x). Per text, bfloat16 against float32: "
+        + "; ".join(
+            f"{name} median {v['median_ppl_float32']:.2f} -> {v['median_ppl_bfloat16']:.2f}, mean "
+            f"{v['mean_relative_difference']:+.2%}, largest difference {v['max_abs_relative_difference']:.2%}"
+            for name, v in a.items()
+        )
+        + f". The eval's `oracle_dtype` is `fast` by default: bfloat16 where the processor computes it natively "
+        f"(here: {r['fast_dtype_here']}), float32 elsewhere; each perplexity file records the dtype it ran in.",
+    ]
+
+
 def distill_precision(r: dict) -> list[str]:
     s, fp, bf = r["settings"], r["float32"], r["bfloat16"]
     return [
@@ -531,6 +548,7 @@ def render() -> str:
         ("own_ppl_reuse", own_ppl_reuse),
         ("eval_store", eval_store),
         ("generate_speed", generate_speed),
+        ("oracle_dtype", oracle_dtype),
         ("distill_precision", distill_precision),
         ("key_rebuild", key_rebuild),
         ("key_rebuild_from_results", key_rebuild_from_results),

@@ -160,6 +160,39 @@ def test_rerender_and_config_mismatch(finished_run, model_dir, corpus_file):
         pipeline.run_eval(other, out, progress=False)
 
 
+def test_the_oracle_records_its_dtype_and_another_dtype_rescores_only_the_perplexities(
+    finished_run, model_dir, corpus_file, tmp_path
+):
+    import shutil
+
+    from openstamp.evaluation.oracle import load_perplexities
+    from openstamp.evaluation.scoring import oracle_dtype
+
+    out, results, methods = finished_run
+    fast = oracle_dtype(tiny_eval(model_dir, corpus_file, methods))
+    assert fast in ("bfloat16", "float32") and results["oracle"]["dtypes"] == [fast]
+    assert f"in {fast} (its own tokenizer)" in (out / "report.md").read_text()
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    other = "float32" if fast == "bfloat16" else "bfloat16"
+    before = {p.name: load_perplexities(p, "float32") for p in (copy / "ppl").glob("*.json")}
+    sets = {r["generations"] for r in results["runs"]} | {"human", "unwatermarked/s0"}  # kgw and kgw-llr share one
+    assert len(before) == len(sets) and all(f["dtype"] == fast for f in before.values())
+    legacy = copy / "ppl" / "human.json"  # a file from before the dtype was recorded: it ran in the model's dtype
+    legacy.write_text(json.dumps(before["human.json"]["values"]))
+    written = lambda folder: {p.name: p.stat().st_mtime_ns for p in (copy / folder).glob("*.json")}  # noqa: E731
+    scores, ppl = written("scores"), written("ppl")
+    rerun = pipeline.run_eval(tiny_eval(model_dir, corpus_file, methods, oracle_dtype=other), copy, progress=False)
+    after = {p.name: load_perplexities(p, "float32") for p in (copy / "ppl").glob("*.json")}
+    rescored = sorted(name for name, t in written("ppl").items() if t != ppl[name])
+    kept = {"human.json"} if other == "float32" else set()  # the legacy file says float32 already
+    assert rescored == sorted(set(before) - kept) and all(f["dtype"] == other for f in after.values())
+    assert rerun["oracle"]["dtypes"] == [other]
+    for name in rescored:  # the same texts under the same oracle: each perplexity moves by rounding only
+        assert after[name]["values"] == pytest.approx(before[name]["values"], rel=0.05), name
+    assert written("scores") == scores  # no detector ran again
+
+
 def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file, tmp_path, monkeypatch):
     cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none")  # 2 sets x 2 batches
     real, calls = pipeline.sample_completions, []

@@ -223,6 +223,9 @@ class DetectConfig:
         )
 
 
+ORACLE_DTYPES = ("fast", "float32", "bfloat16", "float16")  # fast: models.fast_dtype(device)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     """The paper's detection-vs-quality protocol (Evaluation protocol section, Table 1, Figure 2)."""
@@ -249,6 +252,9 @@ class EvalConfig:
     )
     downstream_limit: int = option(200, "items per downstream task")
     oracle: str = option("gemma3-270m", "perplexity oracle (any causal LM), or 'none' to skip perplexity")
+    oracle_dtype: str = option(
+        "fast", "the oracle's dtype: 'fast' is bfloat16 where the device computes it natively, else float32"
+    )
     batch_size: int = option(100, "generation batch (larger batches sample faster: benchmarks/generate_speed.py)")
     score_batch_size: int = option(16, "detection batch")
     dtype: str = option("float32", "model dtype")
@@ -261,6 +267,7 @@ class EvalConfig:
         check(all(n >= 1 for n in self.lengths), "lengths must be token counts >= 1")
         check(self.downstream_limit >= 2, "downstream_limit must be >= 2")
         check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
+        check(self.oracle_dtype in ORACLE_DTYPES, f"oracle_dtype must be one of {', '.join(ORACLE_DTYPES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -35,6 +35,17 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     return DTYPES[dtype]
 
 
+def fast_dtype(device: str = "cpu") -> str:
+    """bfloat16 where ``device`` computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else
+    float32: bfloat16 emulated on an older CPU is slower than float32."""
+    where = resolve_device(device)
+    if where.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private, so absent in some versions
+    native = (getattr(torch.cpu, name, lambda: False)() for name in checks)
+    return "bfloat16" if any(native) else "float32"
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

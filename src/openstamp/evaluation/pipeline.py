@@ -43,7 +43,7 @@ from openstamp.methods.common import key_digest
 from openstamp.models import load_model
 from openstamp.monitor import add_seconds, machine, sum_seconds
 from openstamp.patch import tensor_sha256
-from openstamp.storage import atomic_write_json, changed_fields, changed_settings, read_json
+from openstamp.storage import atomic_write_json, changed_fields, changed_settings, differences, read_json
 from openstamp.text import prompt_windows
 
 log = logging.getLogger(__name__)
@@ -211,13 +211,14 @@ def _check_lengths(cfg: EvalConfig) -> None:
 
 
 GROWS = ("seeds", "methods")  # a run may grow by these: what it already holds is re-used
+RESCORED = ("oracle_dtype",)  # may change: the files record what they ran with, and the stage re-scores the rest
 
 
 def _check_config(cfg: EvalConfig, out: Path) -> None:
     """Refuse a run directory written with other settings; a field added since, at its default, still matches.
 
     A run may grow: more seeds or more methods than the folder holds re-use every finished stage
-    (the new config is recorded); dropping one is a change like any other.
+    (the new config is recorded); dropping one is a change like any other. A field in RESCORED may change.
     """
     path = out / "config.json"
     if not path.exists() and (out / "results.json").exists():
@@ -226,9 +227,11 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
         )
     out.mkdir(parents=True, exist_ok=True)
     wanted = asdict(cfg)
-    if changed := changed_settings(path, wanted, "run config", asdict(EvalConfig()), grows=GROWS):
-        stored = read_json(path, "run config")
-        again = [k for k in changed_fields(stored, wanted, GROWS) if k in stored and k not in GROWS]
+    kept = lambda d: {k: v for k, v in d.items() if k not in RESCORED}  # noqa: E731
+    raw = read_json(path, "run config") if path.exists() else wanted
+    stored = kept({**asdict(EvalConfig()), **raw})  # a field added since takes its default
+    if changed := differences(stored, kept(wanted), GROWS):
+        again = [k for k in changed_fields(stored, kept(wanted), GROWS) if k in raw and k not in GROWS]
         hint = " ".join(_set_option(k, stored[k]) for k in again)
         raise ValueError(
             f"{out} holds a run with different settings ({changed}); choose another --out or delete it"

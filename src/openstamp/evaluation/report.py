@@ -15,6 +15,7 @@ import numpy as np
 from openstamp.evaluation.metrics import METRICS, interval
 from openstamp.evaluation.pareto import COST_AXES, compare, points
 from openstamp.evaluation.results import score_values
+from openstamp.evaluation.shards import oracle_dtypes
 from openstamp.plots import save_figure
 from openstamp.storage import atomic_write_text, read_json
 
@@ -219,7 +220,8 @@ def write_report(out: Path) -> Path:
         f"{cfg['new_tokens']} tokens, temperature {cfg['temperature']}, top-p {cfg['top_p']}; seeds "
         f"{', '.join(map(str, cfg['seeds']))}. Detection scores the completion alone, as decoded text. "
         "Negatives are the human continuations (primary) and unwatermarked completions of the same prompts. "
-        f"Perplexity oracle: `{cfg['oracle']}` (its own tokenizer); PPL ratio is the median over prompts of "
+        f"Perplexity oracle: `{cfg['oracle']}` in {' and '.join(oracle_dtypes(results))} (its own tokenizer); "
+        "PPL ratio is the median over prompts of "
         "watermarked / unwatermarked perplexity.",
         "",
         "## Detection and quality (mean ± sd over seeds)",

@@ -13,6 +13,7 @@ from openstamp.config import EvalConfig
 from openstamp.evaluation.downstream import change as downstream_change
 from openstamp.evaluation.lengths import mean_curve, run_curve
 from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr, tpr_at_fpr_ci
+from openstamp.evaluation.oracle import load_perplexities
 from openstamp.evaluation.own_ppl import change, perplexity
 from openstamp.storage import atomic_write_text, read_json
 
@@ -136,9 +137,14 @@ def summarize(runs: list[dict]) -> list[dict]:
 def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict]) -> dict:
     from openstamp.watermark import versions
 
+    oracle_files = {}
+
     def ppl_of(name):
         path = out / "ppl" / f"{_name(name)}.json"
-        return read_json(path, "perplexity cache") if path.exists() else []
+        if not path.exists():
+            return []
+        oracle_files[name] = load_perplexities(path, cfg.dtype)
+        return oracle_files[name]["values"]
 
     def own_nll(name):
         path = out / "own_ppl" / f"{_name(name)}.json"
@@ -179,6 +185,7 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
         "length_curve": mean_curve(per_run),
         "downstream_original": {t: float(np.mean(a)) for t, a in (original_downstream or {}).items()},
         "references": references,
+        "oracle": {"model": cfg.oracle, "dtypes": sorted({f["dtype"] for f in oracle_files.values()})},
     }
 
 

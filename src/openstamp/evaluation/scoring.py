@@ -73,22 +73,32 @@ def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) 
 
 
 def score_perplexity(out, cfg, tokenizer, windows, runs, progress) -> None:
-    """Oracle perplexity of every completion set given its prompts (and of the human continuations)."""
-    from openstamp.evaluation.oracle import perplexities
+    """Oracle perplexity of every completion set given its prompts (and of the human continuations), in the dtype
+    cfg.oracle_dtype resolves to; a set scored in another dtype is scored again."""
+    from openstamp.evaluation.oracle import load_perplexities, perplexities, save_perplexities
 
+    dtype = oracle_dtype(cfg)
     prompts = tokenizer.batch_decode([w["prompt"] for w in windows], skip_special_tokens=True)
     sets = {"human": [w["human"] for w in windows]}
     for seed in cfg.seeds:
         sets[f"unwatermarked/s{seed}"] = None
     for r in runs:
         sets[r["generations"]] = None
-    todo = [s for s in sets if not (out / "ppl" / f"{s.replace('/', '_')}.json").exists()]
+    path = lambda name: out / "ppl" / f"{name.replace('/', '_')}.json"  # noqa: E731
+    todo = [s for s in sets if not path(s).exists() or load_perplexities(path(s), cfg.dtype)["dtype"] != dtype]
     if not todo:
         return
-    oracle, oracle_tok = load_model(cfg.oracle, dtype=cfg.dtype, device=cfg.device)
+    log.info("oracle %s in %s: %d sets", cfg.oracle, dtype, len(todo))
+    oracle, oracle_tok = load_model(cfg.oracle, dtype=dtype, device=cfg.device)
     for name in todo:
         ids = sets[name] if sets[name] is not None else load_generations(out, name)
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
         values = perplexities(oracle, oracle_tok, prompts, texts, progress=progress)
-        (out / "ppl").mkdir(exist_ok=True)
-        atomic_write_json(out / "ppl" / f"{name.replace('/', '_')}.json", values)
+        save_perplexities(path(name), values, cfg.oracle, dtype)
+
+
+def oracle_dtype(cfg) -> str:
+    """The dtype cfg.oracle_dtype names; 'fast' is bfloat16 where cfg.device computes it natively, else float32."""
+    from openstamp.models import fast_dtype
+
+    return fast_dtype(cfg.device) if cfg.oracle_dtype == "fast" else cfg.oracle_dtype

@@ -53,6 +53,11 @@ def mismatch(results: dict, other: dict) -> str:
     return ""
 
 
+def oracle_dtypes(results: dict) -> list[str]:
+    """The dtypes the oracle ran in; results from before they were recorded ran it in the model's dtype."""
+    return results["oracle"]["dtypes"] if "oracle" in results else [results["config"].get("dtype", "float32")]
+
+
 def merge_shards(shards: list[tuple[str, dict]]) -> dict:
     """One results dict from the (name, results) of shards of the same comparison."""
     if len(shards) < 2:
@@ -85,6 +90,10 @@ def merge_shards(shards: list[tuple[str, dict]]) -> dict:
         "length_curve": mean_curve(runs),
         "downstream_original": first["downstream_original"],
         "references": references,
+        "oracle": {
+            "model": first["config"]["oracle"],
+            "dtypes": sorted({d for _, r in shards for d in oracle_dtypes(r)}),
+        },
         "timings_s": _timings([results.get("timings_s") for _, results in shards]),
         "shards": [
             {
