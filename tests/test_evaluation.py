@@ -10,6 +10,7 @@ from openstamp.cli import app
 from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import METRICS
 from openstamp.evaluation.report import COLUMNS, fmt, shown_columns, timing_lines
+from openstamp.evaluation.timings import StageClock, record_timings
 from openstamp.monitor import machine
 
 runner = CliRunner()
@@ -440,9 +441,9 @@ def test_a_killed_sweep_resumes_where_it_stopped(model_dir, corpus_file, tmp_pat
 
 def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
     (tmp_path / "generations").mkdir()
-    timings = pipeline.record_timings(tmp_path, "t0", {"generate": 1.0}, untimed=True)
+    timings = record_timings(tmp_path, "t0", {"generate": 1.0}, untimed=True)
     assert not timings["complete"] and timings["total"] == 1.0
-    later = pipeline.record_timings(tmp_path, "t1", {"generate": 2.0, "score": 0.5})
+    later = record_timings(tmp_path, "t1", {"generate": 2.0, "score": 0.5})
     here = machine()  # each invocation records its processor and thread count; the sums list each machine once
     assert later == {
         "stages": {"generate": 3.0, "score": 0.5},
@@ -454,8 +455,8 @@ def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
     }
     assert set(here) == {"cpu", "threads"} and here["cpu"] and here["threads"] >= 1
     spent = {"kgw": {"generate": 1.0}, "sir": {"keys": 2.0, "score": 0.25}}
-    pipeline.record_timings(tmp_path, "t2", {"generate": 2.0, "keys": 2.0, "score": 0.5}, by_method=spent)
-    last = pipeline.record_timings(tmp_path, "t3", {"generate": 1.0}, by_method={"kgw": {"generate": 0.5}})
+    record_timings(tmp_path, "t2", {"generate": 2.0, "keys": 2.0, "score": 0.5}, by_method=spent)
+    last = record_timings(tmp_path, "t3", {"generate": 1.0}, by_method={"kgw": {"generate": 0.5}})
     assert last["methods"] == {"kgw": {"generate": 1.5}, "sir": {"keys": 2.0, "score": 0.25}}
     line = timing_lines(last)[0]
     assert (
@@ -463,6 +464,25 @@ def test_a_run_begun_before_timings_says_its_sums_are_incomplete(tmp_path):
         in line
     )
     assert "outside any method's runs (the unwatermarked sets, the original model, the oracle) 5 s." in line
+
+
+def test_the_clock_keeps_a_running_stage_in_timings_json_so_a_killed_eval_loses_little(tmp_path):
+    import time
+
+    clock = StageClock(tmp_path, "t0", every=0.05)
+    read = lambda: json.loads((tmp_path / "timings.json").read_text())[-1]  # noqa: E731
+    with clock.stage("load"):
+        pass
+    assert set(read()["seconds"]) == {"load"}  # written after every stage
+    with clock.run("kgw"), clock.stage("generate"):
+        time.sleep(0.4)
+        running = read()  # what a SIGKILL now would leave: written by the clock's thread, mid-stage
+    assert running["seconds"]["generate"] >= 0.2 and running["methods"]["kgw"]["generate"] >= 0.2
+    with clock.stage("oracle"):  # outside any run: no method's part
+        time.sleep(0.01)
+    done = clock.save()
+    assert done["stages"]["generate"] >= 0.4 and done["methods"] == {"kgw": {"generate": done["stages"]["generate"]}}
+    assert done["invocations"] == 1 and read()["seconds"] == done["stages"]
 
 
 def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_path):

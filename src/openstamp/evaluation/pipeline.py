@@ -36,12 +36,12 @@ from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
 from openstamp.evaluation.scoring import score_downstream, score_own_ppl, score_perplexity, score_run
 from openstamp.evaluation.store import EvalStore, digest, folder_digest
+from openstamp.evaluation.timings import StageClock
 from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.methods.common import key_digest
 from openstamp.models import load_model
-from openstamp.monitor import add_seconds, machine, sum_seconds
 from openstamp.patch import tensor_sha256
 from openstamp.storage import atomic_write_json, changed_fields, changed_settings, differences, read_json
 from openstamp.text import prompt_windows
@@ -66,14 +66,11 @@ def run_eval(
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
     _check_lengths(cfg)
     _check_config(cfg, out)
-    seconds: dict[str, float] = {}
-    by_method: dict[str, dict[str, float]] = {}  # the part of ``seconds`` each method's runs spent
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
     untimed = (out / "generations").exists() and not (out / "timings.json").exists()  # a run begun before timings
-    try:
-        runs, windows = _stages(cfg, out, progress, choice, seconds, by_method, started, store)
-    finally:  # an interrupted invocation keeps its seconds too
-        timings = record_timings(out, started, seconds, untimed, by_method)
+    clock = StageClock(out, started, untimed)
+    runs, windows = _stages(cfg, out, progress, choice, clock, store)  # an interrupted one keeps its seconds too
+    timings = clock.save()
     results = collect_results(out, cfg, runs, windows)
     results["timings_s"] = timings
     atomic_write_json(out / "results.json", results)
@@ -83,13 +80,13 @@ def run_eval(
     return results
 
 
-def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds, by_method, started: str, store):
-    """Keys, generations, own perplexity, downstream, scores, lengths and the oracle; each stage timed into ``seconds``,
-    and what each method's runs spent into ``by_method`` (method -> stage -> seconds).
+def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageClock, store):
+    """Keys, generations, own perplexity, downstream, scores, lengths and the oracle; each stage timed by ``clock``,
+    with what each method's runs spent.
 
     Returns the runs and the prompt windows.
     """
-    with add_seconds(seconds, "load"):
+    with clock.stage("load"):
         model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
         key_docs = split_documents(load_documents(cfg.key_corpus), "key")
         windows = load_windows(cfg, tokenizer, {d.sha256 for d in key_docs}, out)
@@ -100,101 +97,65 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, seconds, by_meth
     # the original model's hidden states of the human and unwatermarked texts, computed once: every detector scores
     # with them, and the own perplexity of a watermark that leaves the decoder alone (keeps_hidden) starts from them
     hidden = HiddenCache()
-    with add_seconds(seconds, "own_ppl"), reusing(hidden):
+    with clock.stage("own_ppl"), reusing(hidden):
         score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
-    with add_seconds(seconds, "downstream"):
+    with clock.stage("downstream"):
         score_downstream(out, "original", model, tokenizer, None, cfg)
     runs, keys = [], {}  # keys: each method's one key per seed, shared by its strengths
     for seed in cfg.seeds:
-        with add_seconds(seconds, "generate"):
+        with clock.stage("generate"):
             name = f"unwatermarked/s{seed}"
             generate_set(out, name, model, tokenizer, prompts, cfg, seed, None, progress, choice, store, [None])
         for name in cfg.methods:
             for strength in strengths(cfg, name):
-                before = dict(seconds)
-                with add_seconds(seconds, "keys"):
-                    variant = keyed_variant(out, name, seed, cfg, model, tokenizer, key_docs, strength, keys, store)
-                run = f"{name}@{strength:g}/s{seed}"
-                gen_name = generation_name(variant, strength, seed)
-                key_dir = key_directory(out, cfg, name, seed, strength)
-                if variant.carrier is Carrier.WEIGHTS:
-                    variant.apply(model)
-                try:
-                    with add_seconds(seconds, "generate"):
-                        processor = variant.logits_processor()  # a fresh one per use: some keep state
-                        args = (out, gen_name, model, tokenizer, prompts, cfg, seed, processor, progress, choice)
-                        generate_set(*args, store, store and [variant.describe(), folder_digest(key_dir)])
-                    with (
-                        add_seconds(seconds, "own_ppl"),
-                        reusing(hidden) if variant.keeps_hidden else contextlib.nullcontext(),
-                    ):
-                        processor = variant.logits_processor()
-                        score_own_ppl(out, gen_name, model, tokenizer, windows, processor, cfg, progress)
-                    with add_seconds(seconds, "downstream"):
-                        processor = variant.logits_processor()
-                        score_downstream(out, gen_name, model, tokenizer, processor, cfg)
-                finally:
+                with clock.run(name):
+                    with clock.stage("keys"):
+                        variant = keyed_variant(out, name, seed, cfg, model, tokenizer, key_docs, strength, keys, store)
+                    run = f"{name}@{strength:g}/s{seed}"
+                    gen_name = generation_name(variant, strength, seed)
+                    key_dir = key_directory(out, cfg, name, seed, strength)
                     if variant.carrier is Carrier.WEIGHTS:
-                        variant.revert(model)
-                with add_seconds(seconds, "score"), reusing(hidden):
-                    score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
-                with add_seconds(seconds, "lengths"), reusing(hidden):
-                    human = [w["human"] for w in windows]
-                    lengths = run_lengths(cfg.lengths, cfg.new_tokens)
-                    ids = load_generations(out, gen_name)
-                    score_lengths(out, run, variant, model, tokenizer, ids, human, lengths, cfg.score_batch_size)
-                runs.append(
-                    {
-                        "run": run,
-                        "method": name,
-                        "strength": strength,
-                        "seed": seed,
-                        "generations": gen_name,
-                        "settings": variant.describe(),
-                        "key_sha256": key_digest(key_dir),
-                    }
-                )
-                spent = {k: v - before.get(k, 0.0) for k, v in seconds.items() if v > before.get(k, 0.0)}
-                by_method[name] = sum_seconds([by_method.get(name, {}), spent])
-                record_timings(out, started, seconds, by_method=by_method)
+                        variant.apply(model)
+                    try:
+                        with clock.stage("generate"):
+                            processor = variant.logits_processor()  # a fresh one per use: some keep state
+                            args = (out, gen_name, model, tokenizer, prompts, cfg, seed, processor, progress, choice)
+                            generate_set(*args, store, store and [variant.describe(), folder_digest(key_dir)])
+                        with (
+                            clock.stage("own_ppl"),
+                            reusing(hidden) if variant.keeps_hidden else contextlib.nullcontext(),
+                        ):
+                            processor = variant.logits_processor()
+                            score_own_ppl(out, gen_name, model, tokenizer, windows, processor, cfg, progress)
+                        with clock.stage("downstream"):
+                            processor = variant.logits_processor()
+                            score_downstream(out, gen_name, model, tokenizer, processor, cfg)
+                    finally:
+                        if variant.carrier is Carrier.WEIGHTS:
+                            variant.revert(model)
+                    with clock.stage("score"), reusing(hidden):
+                        score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
+                    with clock.stage("lengths"), reusing(hidden):
+                        human = [w["human"] for w in windows]
+                        lengths = run_lengths(cfg.lengths, cfg.new_tokens)
+                        ids = load_generations(out, gen_name)
+                        score_lengths(out, run, variant, model, tokenizer, ids, human, lengths, cfg.score_batch_size)
+                    runs.append(
+                        {
+                            "run": run,
+                            "method": name,
+                            "strength": strength,
+                            "seed": seed,
+                            "generations": gen_name,
+                            "settings": variant.describe(),
+                            "key_sha256": key_digest(key_dir),
+                        }
+                    )
     if cfg.oracle != "none":
         del model
-        with add_seconds(seconds, "oracle"):
+        with clock.stage("oracle"):
             score_perplexity(out, cfg, tokenizer, windows, runs, progress)
     return runs, windows
-
-
-def record_timings(
-    out: Path, started: str, seconds: dict[str, float], untimed: bool = False, by_method: dict | None = None
-) -> dict:
-    """Write this invocation's stage seconds and machine into out/timings.json (one entry per invocation, by start
-    time), with the part each method's runs spent (``by_method``: method -> stage -> seconds).
-
-    Called after every run, so a killed invocation keeps what it had spent. Returns each stage's sum
-    over every invocation so far, and per method (``methods``; what no method's run spent, the unwatermarked
-    sets, the original's own perplexity and the oracle, is the rest); ``complete`` is False when the run
-    directory held work done before timings were recorded (``untimed``), which the sums leave out.
-    """
-    path = out / "timings.json"
-    history = [e for e in (read_json(path, "timings") if path.exists() else []) if e["started"] != started]
-    entry = {"started": started, "seconds": {k: round(v, 3) for k, v in seconds.items()}, "machine": machine()}
-    if by_method:
-        entry["methods"] = by_method
-    history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
-    atomic_write_json(path, history)
-    totals = sum_seconds([e["seconds"] for e in history])
-    machines = [e["machine"] for e in history if "machine" in e]
-    names = dict.fromkeys(name for e in history for name in e.get("methods", {}))
-    return {
-        "stages": totals,
-        "total": round(sum(totals.values()), 3),
-        "methods": {
-            name: sum_seconds([e["methods"][name] for e in history if name in e.get("methods", {})]) for name in names
-        },
-        "invocations": len(history),
-        "machines": [m for i, m in enumerate(machines) if m not in machines[:i]],  # each processor and thread count
-        "complete": not any(e.get("untimed_earlier_work") for e in history),
-    }
 
 
 def _check_lengths(cfg: EvalConfig) -> None:
