@@ -164,3 +164,67 @@ def test_long_texts_are_truncated(setup):
     result = det.detect([setup["wm"][0] + setup["wm"][1]], prompts=[[5] * 30])[0]
     # the 30-token prompt no longer fits; without BOS or prompt the first token has no context
     assert result.truncated and result.n_tokens == 39
+
+
+def test_texts_cut_from_scored_ones_take_their_token_statistics_inside_a_cache(setup, monkeypatch):
+    """The eval's length curve: a text that starts a text scored before, in the same cache, goes through no
+    vocabulary pass, and scores as a fresh detector scores it."""
+    import openstamp.detect.detector as detector_module
+    from openstamp.hidden import HiddenCache, reusing
+
+    texts = setup["wm"][:6]
+    cuts = [t[:20] for t in texts] + [t[:12] for t in texts]
+    other = "a text that starts no scored one"
+    config = DetectConfig(min_tokens=4)
+    fresh = Detector(setup["model"], setup["tok"], setup["key"], config).detect([*cuts, other])
+    det = Detector(setup["model"], setup["tok"], setup["key"], config)
+    rows, real = [], detector_module.token_stats
+    monkeypatch.setattr(detector_module, "token_stats", lambda h, *a, **k: rows.append(len(h)) or real(h, *a, **k))
+    det.detect(texts)
+    assert not det.memo.kept  # outside a cache nothing is kept
+    with reusing(HiddenCache()):
+        det.detect(texts)
+        rows.clear()
+        kept = det.detect([*cuts, other])
+    assert det.memo.hits == len(cuts)
+    assert rows == [fresh[-1].n_tokens]  # only the other text's tokens went through the vocabulary
+    for a, b in zip(kept, fresh, strict=True):
+        assert a.score == pytest.approx(b.score, rel=1e-5, abs=1e-6) and a.n_tokens == b.n_tokens
+        assert a.p_value == pytest.approx(b.p_value, rel=1e-4)  # the tail bound: float rounding of other shapes
+        assert a.detectors["binomial_pairs"] == b.detectors["binomial_pairs"]
+
+
+def test_p_values_needed_to_a_level_skip_the_tail_bound_and_decide_alike(setup):
+    from openstamp.detect.detector import PERMUTATION_TEST, p_values_down_to
+
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
+    floor = 1 / (det.config.n_permutations + 1)
+    refined = det.detect(setup["wm"][:8])
+    assert any("tail_p" in r.detectors for r in refined)  # the strong tiny watermark reaches the floor
+    with p_values_down_to(0.01):
+        coarse = det.detect(setup["wm"][:8])
+    for a, b in zip(refined, coarse, strict=True):
+        assert "tail_p" not in b.detectors and b.score == a.score
+        assert b.p_value == (a.p_value if a.p_value > floor else pytest.approx(floor))
+        assert (a.p_value <= 0.01) == (b.p_value <= 0.01) and b.test == PERMUTATION_TEST.format(k=len(det.perms))
+    assert [r.p_value for r in det.detect(setup["wm"][:8])] == [r.p_value for r in refined]  # the level is restored
+
+
+def test_the_statistics_memo_is_bounded_and_a_new_cache_empties_it():
+    from openstamp.detect.llr import TokenStats
+    from openstamp.detect.memo import StatsMemo
+    from openstamp.hidden import HiddenCache
+
+    def stats(n: int) -> TokenStats:
+        x = torch.arange(n, dtype=torch.float32)
+        return TokenStats(x, x, x, x > 0, x.long(), x[:, None].repeat(1, 3), x[:, None].repeat(1, 3), x)
+
+    memo, cache = StatsMemo(max_tokens=10), HiddenCache()
+    assert memo.bind(cache) and not memo.bind(None)
+    memo.keep([1, 2, 3, 4, 5, 6, 7], 1, stats(6))
+    memo.keep([1, 2, 3, 4, 9, 9], 1, stats(5))  # 11 rows > 10: the first goes
+    assert memo.tokens == 5 and memo.find([1, 2, 3, 4, 5], 1) is None
+    found = memo.find([1, 2, 3, 4, 9], 1)
+    assert found.llr.tolist() == [0.0, 1.0, 2.0, 3.0] and memo.find([1, 2, 3, 4, 9], 2) is None  # another context
+    memo.bind(HiddenCache())
+    assert memo.tokens == 0 and memo.find([1, 2, 3, 4, 9], 1) is None

@@ -86,8 +86,7 @@ def final_hidden(
 
     Pass ``position_ids`` for left-padded batches.
     """
-    active = _active()
-    cache = active[-1] if active else None
+    cache = active_cache()
     if cache is None:
         return _decoder(model, input_ids, attention_mask, position_ids)
     key = cache.key(input_ids, attention_mask, position_ids)
@@ -222,6 +221,12 @@ def _active() -> list[HiddenCache]:
     if not hasattr(_LOCAL, "stack"):
         _LOCAL.stack = []
     return _LOCAL.stack
+
+
+def active_cache() -> HiddenCache | None:
+    """The cache ``final_hidden`` uses in this thread now (the innermost ``reusing``), or None."""
+    active = _active()
+    return active[-1] if active else None
 
 
 @contextlib.contextmanager

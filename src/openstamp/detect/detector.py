@@ -6,7 +6,9 @@ final hidden states of the scored positions to the pure statistics in ``llr.py``
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +19,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.config import DetectConfig
 from openstamp.detect.calibrate import calibrated_threshold
 from openstamp.detect.llr import TokenStats, permutation_pvalue, token_stats
+from openstamp.detect.memo import StatsMemo, join_stats, stats_rows
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
-from openstamp.hidden import final_hidden
+from openstamp.hidden import active_cache, final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
 from openstamp.models import model_device
@@ -28,6 +31,23 @@ from openstamp.text import bos_prefix
 
 PERMUTATION_TEST = "permutation test of the centred LLR over list assignments (K={k})"
 TAIL_TEST = PERMUTATION_TEST + "; below 1/(K+1): Chernoff bound over random keys"
+_NEEDED = threading.local()  # the smallest p-value level this thread's callers decide at (p_values_down_to)
+
+
+@contextlib.contextmanager
+def p_values_down_to(level: float):
+    """Within the block (this thread), p-values are needed only to decide p <= ``level``.
+
+    Where the permutation test's floor 1/(K+1) is at or below ``level``, the tail bound (one pass over the
+    vocabulary per text) is not computed: it changes only p-values at that floor, and every p <= ``level``
+    decision is the same without it. The results' ``test`` then names the permutation test alone.
+    """
+    previous = getattr(_NEEDED, "level", 0.0)
+    _NEEDED.level = level
+    try:
+        yield
+    finally:
+        _NEEDED.level = previous
 
 
 @dataclass
@@ -77,6 +97,7 @@ class Detector:
         self.never_green[torch.tensor(key.never_green, dtype=torch.long)] = True
         self.perms = permutations(key.secret, key.n_lists, self.config.n_permutations) if self.config.p_values else None
         self.threshold = self._threshold()
+        self.memo = StatsMemo()  # per-token statistics of scored texts, while a hidden-state cache is active
 
     @classmethod
     def from_pretrained(
@@ -199,24 +220,46 @@ class Detector:
             targets.extend(seqs[i][first:])
         h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
         targets = torch.tensor(targets, device=self.device)
-        stats = token_stats(
-            h,
-            targets,
-            self.weight,
-            self.key,
-            bias=self.bias,
-            head_is_watermarked=self.head_is_watermarked,
-            with_null=self.config.p_values,
-            chunk=self.config.chunk_tokens,
-            block=self.config.vocab_block,
-            top_k=self.config.centring_top_k,
+        return self._stats(seqs, [len(it.context) if it.context else 1 for it in items], spans, h, targets)
+
+    def _stats(self, seqs, firsts, spans, h, targets) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
+        """The batch's token statistics; while a hidden-state cache is active, a text cut from one scored before
+        takes that text's first rows (``StatsMemo``), and only the others go through the vocabulary."""
+        memo = self.memo if self.memo.bind(active_cache()) else None
+        found = [None if memo is None else memo.find(seq, first) for seq, first in zip(seqs, firsts, strict=True)]
+        missing = [j for j, f in enumerate(found) if f is None]
+        if not missing:
+            return join_stats(found), spans, h, targets
+        rows = torch.cat([torch.arange(spans[j].start, spans[j].stop) for j in missing]).to(self.device)
+        every = len(missing) == len(seqs)
+        computed = _to_cpu(
+            token_stats(
+                h if every else h[rows],
+                targets if every else targets[rows],
+                self.weight,
+                self.key,
+                bias=self.bias,
+                head_is_watermarked=self.head_is_watermarked,
+                with_null=self.config.p_values,
+                chunk=self.config.chunk_tokens,
+                block=self.config.vocab_block,
+                top_k=self.config.centring_top_k,
+            )
         )
-        return _to_cpu(stats), spans, h, targets
+        start = 0
+        for j in missing:
+            found[j] = stats_rows(computed, start, start + spans[j].stop - spans[j].start)
+            start += spans[j].stop - spans[j].start
+            if memo is not None:
+                memo.keep(seqs[j], firsts[j], found[j])
+        return (computed if every else join_stats(found)), spans, h, targets
 
     def _refine_tail(self, result: DetectionResult, stats: TokenStats, span: slice, hidden, targets) -> None:
         """Below the permutation floor, bound the p-value with the Chernoff tail over random keys."""
         floor = 1.0 / (self.config.n_permutations + 1)
         if result.p_value is None or not self.config.tail_bound or result.p_value > floor:
+            return
+        if floor <= getattr(_NEEDED, "level", 0.0):  # p_values_down_to: no decision needs a finer p-value
             return
         terms = tail_terms(
             hidden,

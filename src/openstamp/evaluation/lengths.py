@@ -18,6 +18,11 @@ Scored inside the eval's hidden-state cache, right after the full texts, a cut t
 decoder states of the full text it was cut from (``openstamp.hidden.HiddenCache``): detectors that
 run the decoder run it once per text, whatever the number of lengths.
 
+The curve decides only p <= 0.01 (``LEVEL``), so OpenStamp's detector scores the cut texts without its tail
+bound (``openstamp.detect.detector.p_values_down_to``: it refines only p-values below the permutation test's
+floor of 1/1001, which decide p <= 0.01 alike), and takes the per-token statistics of a cut text from the full
+text's (``openstamp.detect.memo``): its length curve runs neither the decoder nor the vocabulary pass again.
+
 The scores are cached in ``scores/lengths/<run>.json``, one file per run; each length records the
 ids it cut (``ids``), and a length cached with another cut is scored again.
 """
@@ -29,8 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.detect.detector import p_values_down_to
 from openstamp.evaluation.metrics import auroc, tpr_at_fpr
 from openstamp.storage import atomic_write_json, read_json
+
+LEVEL = 0.01  # the p-value level the curve decides at (flagged_at_p_0.01)
 
 
 def run_lengths(lengths: tuple[int, ...], new_tokens: int) -> list[int]:
@@ -53,7 +61,8 @@ def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, hu
         entry = {"ids": n + 1}
         for name, ids in (("watermarked", watermarked), ("human", human)):
             texts = tokenizer.batch_decode([x[: n + 1] for x in ids], skip_special_tokens=True)
-            entry[name] = [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
+            with p_values_down_to(LEVEL):
+                entry[name] = [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
         scores[str(n)] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, scores)
@@ -75,8 +84,8 @@ def curve(scores: dict) -> list[dict]:
                 "scored_tokens": float(np.median([r["n_tokens"] for r in sets["watermarked"]])),
                 "auroc": auroc(pos, neg) if len(neg) else None,  # None: no human text of this length was scorable
                 "tpr_at_1pct_fpr": tpr_at_fpr(pos, neg, 0.01)["tpr"] if len(neg) else None,
-                "flagged_at_p_0.01": float(np.mean(np.array(p_pos) <= 0.01)) if has_p else None,
-                "human_flagged_at_p_0.01": float(np.mean(np.array(p_neg) <= 0.01)) if has_p and p_neg else None,
+                "flagged_at_p_0.01": float(np.mean(np.array(p_pos) <= LEVEL)) if has_p else None,
+                "human_flagged_at_p_0.01": float(np.mean(np.array(p_neg) <= LEVEL)) if has_p and p_neg else None,
             }
         )
     return rows
