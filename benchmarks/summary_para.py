@@ -23,7 +23,9 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         lead = (
             "Paraphrase at larger n (`bash benchmarks/reference_runs.sh paraphrase64`), on its own eval "
             f"({cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at "
-            f"its default strength; `{shown}/`)"
+            f"its default strength; `{shown}/`; its KGW-distilled key was distilled in float32, before the "
+            "distillation's bfloat16 autocast, though its recorded settings say bfloat16: the eval took a field "
+            "added since at its new default, which it now refuses)"
         )
         out += paraphrase_detail(attack, f"{shown}/attacks", lead) + [""]
     if earlier := _load(folder / "main-eval"):

@@ -236,3 +236,44 @@ def test_a_sweep_distils_one_key_per_delta_and_attacks_find_each(model_dir, corp
     base = load_model(str(model_dir))[0]
     for run in ev.runs:
         assert load_method(ev, run, base).trained_delta == run["strength"]
+
+
+def test_a_key_distilled_before_autocast_existed_is_refused_under_bfloat16(model_dir, corpus_file, tmp_path):
+    """A key saved without the autocast field was distilled in float32 (added_settings): the eval does not take it
+    as a bfloat16 one, as it did when a missing field took today's default."""
+    import json
+
+    import pytest
+
+    from openstamp.config import EvalConfig
+    from openstamp.evaluation.pipeline import run_eval
+
+    settings = {"delta": 3.0, **TINY_BUDGET, "steps": 10}
+    cfg = {
+        "model": str(model_dir),
+        "methods": ["kgw-distilled"],
+        "corpus": str(corpus_file),
+        "key_corpus": str(corpus_file),
+        "n": 4,
+        "prompt_tokens": 8,
+        "new_tokens": 32,
+        "batch_size": 4,
+        "score_batch_size": 4,
+        "oracle": "none",
+        "lengths": [],
+        "strengths": {"kgw-distilled": 3.0},
+    }
+    for autocast, refused in (("bfloat16", True), ("float32", False)):
+        out = tmp_path / autocast
+        run = EvalConfig.from_dict({**cfg, "method_settings": {"kgw-distilled": {**settings, "autocast": autocast}}})
+        run_eval(run, out, progress=False)
+        path = out / "keys" / "kgw-distilled" / "s0" / "settings.json"
+        saved = json.loads(path.read_text())
+        assert saved.pop("autocast") == autocast
+        path.write_text(json.dumps(saved))  # as a key saved before the field existed
+        (out / "results.json").unlink()
+        if refused:
+            with pytest.raises(ValueError, match="autocast: 'float32' there, 'bfloat16' now"):
+                run_eval(run, out, progress=False)
+        else:
+            assert run_eval(run, out, progress=False)["runs"][0]["settings"]["autocast"] == "float32"

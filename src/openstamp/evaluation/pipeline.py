@@ -268,8 +268,10 @@ def keyed_method(out, name, seed, cfg, model, tokenizer, docs, strength=None, st
         store.fetch_key(ident, directory)
     if (directory / "done").exists():
         # settings.json is absent from runs begun before keys recorded their settings: nothing to compare; a field
-        # added to the method since the key was built takes its value now (KGW-distilled's autocast, for one)
-        if changed := changed_settings(directory / "settings.json", settings, "key settings", settings):
+        # added to the method since the key was built takes the value such keys were built with (added_settings:
+        # KGW-distilled's autocast was float32), else its value now
+        built = {**settings, **method.added_settings}
+        if changed := changed_settings(directory / "settings.json", settings, "key settings", built):
             raise ValueError(
                 f"{directory} was built with other {name} settings ({changed}); a default may have changed since: "
                 "choose another --out, or move that method's files out of the run"

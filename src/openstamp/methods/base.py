@@ -56,7 +56,9 @@ class WatermarkMethod(ABC):
     method, ``carrier = Carrier.DECODER``. ``key_per_strength`` marks a key trained at its
     strength (kgw-distilled): the eval then builds one key per strength instead of sharing one.
     ``head_only`` marks a weight-level watermark that changes lm_head alone (Unremovable's bias);
-    OpenStamp is not one: on a tied model its ``U~`` is the input embedding too.
+    OpenStamp is not one: on a tied model its ``U~`` is the input embedding too. ``added_settings``
+    names config fields added after keys were first saved, with the value a key saved without them
+    was built with (where that is not today's default), so the eval refuses such a key under other settings.
     """
 
     name: ClassVar[str]
@@ -67,6 +69,7 @@ class WatermarkMethod(ABC):
     carrier: ClassVar[Carrier] = Carrier.WEIGHTS
     key_per_strength: ClassVar[bool] = False
     head_only: ClassVar[bool] = False  # a weight-level watermark that patches lm_head alone, never the decoder
+    added_settings: ClassVar[dict[str, Any]] = {}  # field -> its value in keys saved before the field existed
 
     def __init__(self, config: Any | None = None) -> None:
         self.config = config if config is not None else self.config_class()

@@ -166,6 +166,7 @@ class KGWDistilled(WatermarkMethod):
     key_fields = ("greens", "weights", "trained_delta")
     key_per_strength = True
     carrier = Carrier.WEIGHTS
+    added_settings = {"autocast": "float32"}  # keys distilled before autocast existed ran in float32
     greens: GreenLists
     weights: dict[str, torch.Tensor]  # parameter name -> the student's value (CPU)
     trained_delta: float
