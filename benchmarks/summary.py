@@ -18,6 +18,8 @@ from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
+from openstamp.evaluation.shards import oracle_dtypes
+
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -29,6 +31,7 @@ OLDER = (  # figures measured before this release of the detector
 # The commit that kept OpenStamp's detector (and a re-tied key's copy of the model) across the eval's score calls
 # (b9ac730): evals created before it re-ran the decoder for the length curve's cut texts of both OpenStamp variants.
 DETECTOR_KEPT_FROM = "2026-11-26T04:55:43+00:00"
+CLOCK_FROM = "2026-11-26T05:48:42+00:00"  # fd91c95: the eval rewrites timings.json every minute, not after each run
 
 
 def load(name: str) -> dict | None:
@@ -88,6 +91,29 @@ def retied_lengths(r: dict) -> list[str]:
         f"{r['max_score_difference']:.1e}): the copy's cached states served {c['one_method']['prefix_hits']} "
         f"batches of cut texts (against {c['method_per_call']['prefix_hits']}), and the decoder ran "
         f"{c['one_method']['misses']} times (against {c['method_per_call']['misses']}).",
+    ]
+
+
+def eval_retime(r: dict) -> list[str]:
+    sec, o = r["seconds"], r["oracle"]
+    parts = "; ".join(
+        f"{m}: " + ", ".join(f"{stage} {v['before']:.0f} -> {v['after']:.0f} s" for stage, v in stages.items())
+        for m, stages in sec.items()
+    )
+    return [
+        "The same in the eval itself (`python benchmarks/eval_retime.py`: the timed comparison's folder, scored "
+        "again with the current code after deleting OpenStamp's and no-projection's score and length files; "
+        "keys and completions are kept): before, with the kept detector (the section above), and after, with "
+        f"each detector keeping its texts' per-token statistics for their cut texts: {parts}. The same invocation "
+        f"scored the oracle's {o['sets']} sets ({o['texts']} texts) again ({', '.join(o['dtypes'])}) in "
+        f"{o['seconds_after']:.0f} s; each text's perplexity moved by at most {o['max_abs_relative_difference']:.2%}."
+        + (
+            ""
+            if (changed := r.get("changed_besides_the_oracle")) is None
+            else " Every other figure of the results (each run's metrics and length curve) is the same."
+            if not changed
+            else f" Other figures that differ: {', '.join(changed)}."
+        ),
     ]
 
 
@@ -387,8 +413,10 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     )
     if not t.get("methods"):
         line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
-    if t.get("invocations", 1) > 1:  # timings are written after each run: a killed run's seconds are not in them
+    if t.get("invocations", 1) > 1 and r["created"] < CLOCK_FROM:  # then written after each run only
         line += " The sums leave out what an interrupted invocation spent on the run it was stopped in."
+    if oracle_dtypes(r) == ["float32"]:
+        line += f" Its oracle ran in float32 ({t['stages']['oracle']:.0f} s; bfloat16 is the default now, below)."
     if r["created"] < DETECTOR_KEPT_FROM:
         line += (
             " It ran the code before OpenStamp's detector was kept across score calls, so its length stage re-ran "
@@ -545,6 +573,7 @@ def render() -> str:
         ("detect_speed", detect_speed),
         ("score_reuse", score_reuse),
         ("retied_lengths", retied_lengths),
+        ("eval_retime", eval_retime),
         ("own_ppl_reuse", own_ppl_reuse),
         ("eval_store", eval_store),
         ("generate_speed", generate_speed),

@@ -1,8 +1,9 @@
 """Perplexity of completions given their prompts, under an oracle model with its own tokenizer.
 
 The eval keeps one file per completion set (``save_perplexities``), recording the oracle and the dtype it ran in:
-bfloat16 gives per-text perplexities within 1% of float32's at about twice the speed on a CPU with AVX512-BF16
-(``benchmarks/oracle_dtype.py``), so a set is scored again when the dtype asked for changes.
+bfloat16 gives per-text perplexities within 1.5% of float32's at about twice the speed on a CPU with AVX512-BF16
+(``benchmarks/oracle_dtype.py``, ``benchmarks/eval_retime.py``), so a set is scored again when the dtype asked for
+changes.
 """
 
 from __future__ import annotations
