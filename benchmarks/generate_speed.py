@@ -4,10 +4,12 @@
 
 Samples ``new_tokens`` after ``n`` held-out prompts of 50 tokens with ``openstamp.generate.sample_completions``
 (what the eval calls), in float32 at batch 32 (the eval's batch before 2026-11-26) and at the eval's batch now
-(``EvalConfig.batch_size``), and in bfloat16 at the eval's batch, interleaved, and times a plain forward pass over the
-same prompt + completion tokens as the in-run reference. The default eval samples one completion set per generation
-family and default strength of the registry, and the unwatermarked one, 200 prompts x 200 new tokens each; at the
-measured float32 rate of its batch that stage alone takes ``default_eval_generation_min`` minutes.
+(``EvalConfig.batch_size``), and in bfloat16 at the eval's batch, interleaved; as the eval sampled before its
+inverse-transform sampler, ``generate(do_sample=True)`` (``torch.multinomial``) at the eval's batch; and times a
+plain forward pass over the same prompt + completion tokens as the in-run reference. The default eval samples
+one completion set per generation family and default strength of the registry, and the unwatermarked one, 200
+prompts x 200 new tokens each; at the measured float32 rate of its batch that stage alone takes
+``default_eval_generation_min`` minutes.
 Writes benchmarks/results/generate_speed.json.
 """
 
@@ -51,6 +53,22 @@ def main() -> None:
 
         return run
 
+    def multinomial() -> None:  # sample_completions before InverseCDFSampler: generate's own sampling
+        model = models["float32"][0]
+        torch.manual_seed(0)
+        with torch.inference_mode():
+            for start in range(0, len(prompts), BATCH):
+                rows = torch.tensor(prompts[start : start + BATCH])
+                model.generate(
+                    input_ids=rows,
+                    attention_mask=torch.ones_like(rows),
+                    max_new_tokens=args.new_tokens,
+                    min_new_tokens=args.new_tokens,
+                    do_sample=True,
+                    top_k=0,
+                    pad_token_id=tokenizer.eos_token_id,
+                )
+
     def plain_forward() -> None:
         model = models["float32"][0]
         with torch.inference_mode():
@@ -59,9 +77,10 @@ def main() -> None:
                 model(input_ids=torch.tensor(rows))
 
     # interleaved's warm-up runs each in order, so float32_b32 has sampled what plain_forward scores
-    seconds = interleaved({**{name: sampler(name) for name in SETTINGS}, "plain_forward": plain_forward}, args.repeats)
+    runs = {**{name: sampler(name) for name in SETTINGS}, "float32_eval_multinomial": multinomial}
+    seconds = interleaved({**runs, "plain_forward": plain_forward}, args.repeats)
     sampled = args.n * args.new_tokens
-    rates = {name: sampled / seconds[name] for name in SETTINGS}
+    rates = {name: sampled / seconds[name] for name in runs}
     cfg = EvalConfig()
     methods = [configured(name, cfg) for name in REGISTRY]  # a set per generation family and default strength
     sets = 1 + len({(m.generation_family, m.strength_value) for m in methods})

@@ -140,7 +140,15 @@ def generate_speed(r: dict) -> list[str]:
         f"Sampling speed (`python benchmarks/generate_speed.py --n {s['n']} --new-tokens {s['new_tokens']}`), "
         f"{s['n']} prompts of 50 tokens, {s['new_tokens']} new tokens: float32 {rate['float32_b32']:.0f} tokens/s at "
         f"batch 32 (the eval's batch before) and {rate['float32_eval']:.0f} at batch {b} (the eval's batch now, "
-        f"{rate['float32_eval'] / rate['float32_b32']:.2f}x), bfloat16 {rate['bfloat16_eval']:.0f} at batch {b}; a "
+        f"{rate['float32_eval'] / rate['float32_b32']:.2f}x), bfloat16 {rate['bfloat16_eval']:.0f} at batch {b}; "
+        + (
+            f"`generate`'s own sampling (`torch.multinomial`, the eval's before its inverse-transform sampler) "
+            f"{rate['float32_eval_multinomial']:.0f} at batch {b} "
+            f"(the sampler: {rate['float32_eval'] / rate['float32_eval_multinomial']:.2f}x); "
+            if "float32_eval_multinomial" in rate
+            else ""
+        )
+        + f"a "
         f"plain forward pass over the same tokens runs at {r['plain_forward_tokens_per_s']:.0f} tokens/s. The default "
         f"eval samples {r['default_eval_sets']} completion sets of 200 x 200 tokens: "
         f"{r['default_eval_generation_min']:.0f} min at float32 batch {b} for that stage alone, before any key, score "
