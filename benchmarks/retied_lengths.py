@@ -12,6 +12,9 @@ script scores ``n`` held-out texts of ``length`` tokens, then each cut to ``--cu
 * ``one_method``: one method instance for every call (the eval now: its detector and copy are kept);
 * ``method_per_call``: a new instance per call (as before: a new copy, and its decoder, per call).
 
+Since dec7977 the kept detector also keeps each text's per-token statistics, so ``one_method`` takes a cut
+text's statistics from its full text too (``statistics_memo_hits``), besides its decoder states.
+
 It checks that both give the same scores and reports seconds, their ratio and the cache's counts.
 Writes benchmarks/results/retied_lengths.json.
 """
@@ -54,11 +57,14 @@ def main() -> None:
         made.key = key
         return made
 
+    memo_hits: dict[str, int] = {}
+
     def score(mode: str) -> None:
         caches[mode], one = HiddenCache(), method()
         with reusing(caches[mode]):
             scorer = (lambda: one) if mode == "one_method" else method
             scores[mode] = [[r.score for r in scorer().score(base, tokenizer, t, args.batch)] for t in sets]
+            memo_hits[mode] = one._detector(base, tokenizer, args.batch).memo.hits if mode == "one_method" else 0
 
     seconds = interleaved(
         {mode: lambda mode=mode: score(mode) for mode in ("one_method", "method_per_call")}, args.repeats
@@ -74,6 +80,7 @@ def main() -> None:
         "speedup": seconds["method_per_call"] / seconds["one_method"],
         "max_score_difference": gap,
         "cache": {k: {"hits": c.hits, "prefix_hits": c.prefix_hits, "misses": c.misses} for k, c in counts.items()},
+        "statistics_memo_hits": memo_hits,  # cut texts whose per-token statistics came from their full text's
     }
     write_result("retied_lengths", result)
     print(

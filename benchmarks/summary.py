@@ -90,7 +90,13 @@ def retied_lengths(r: dict) -> list[str]:
         f"with one kept per method and key ({r['speedup']:.2f}x; largest score difference "
         f"{r['max_score_difference']:.1e}): the copy's cached states served {c['one_method']['prefix_hits']} "
         f"batches of cut texts (against {c['method_per_call']['prefix_hits']}), and the decoder ran "
-        f"{c['one_method']['misses']} times (against {c['method_per_call']['misses']}).",
+        f"{c['one_method']['misses']} times (against {c['method_per_call']['misses']})."
+        + (
+            ""
+            if "statistics_memo_hits" in r
+            else " (Recorded before the kept detector also kept per-token statistics for cut texts, dec7977: the "
+            "eval's figures below include that.)"
+        ),
     ]
 
 
