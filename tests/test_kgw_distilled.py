@@ -166,14 +166,11 @@ def test_budget_is_validated():
         create("kgw-distilled", optimizer="sgd")
 
 
-def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_file, tmp_path):
-    """kgw-distilled is weight-level: the eval saves its weights with the key, and the attack reloads them."""
-    from openstamp.attacks.finetune import FinetuneConfig, run_finetune
+def eval_config(model_dir, corpus_file, **overrides):
+    """A tiny eval of kgw-distilled alone: 32 new tokens, no oracle."""
     from openstamp.config import EvalConfig
-    from openstamp.evaluation.pipeline import run_eval
 
-    settings = {"delta": 3.0, **TINY_BUDGET}
-    cfg = EvalConfig.from_dict(
+    return EvalConfig.from_dict(
         {
             "model": str(model_dir),
             "methods": ["kgw-distilled"],
@@ -185,9 +182,19 @@ def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_
             "batch_size": 4,
             "score_batch_size": 4,
             "oracle": "none",
-            "method_settings": {"kgw-distilled": settings},
-            "strengths": {"kgw-distilled": 3.0},
+            **overrides,
         }
+    )
+
+
+def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_file, tmp_path):
+    """kgw-distilled is weight-level: the eval saves its weights with the key, and the attack reloads them."""
+    from openstamp.attacks.finetune import FinetuneConfig, run_finetune
+    from openstamp.evaluation.pipeline import run_eval
+
+    settings = {"delta": 3.0, **TINY_BUDGET}
+    cfg = eval_config(
+        model_dir, corpus_file, method_settings={"kgw-distilled": settings}, strengths={"kgw-distilled": 3.0}
     )
     run_eval(cfg, tmp_path / "eval", progress=False)
     key = tmp_path / "eval" / "keys" / "kgw-distilled" / "s0"
@@ -205,26 +212,16 @@ def test_a_sweep_distils_one_key_per_delta_and_attacks_find_each(model_dir, corp
     from safetensors.torch import load_file
 
     from openstamp.attacks.common import load_method, open_eval
-    from openstamp.config import EvalConfig
     from openstamp.evaluation.pipeline import run_eval
 
-    cfg = EvalConfig.from_dict(
-        {
-            "model": str(model_dir),
-            "methods": ["kgw-distilled"],
-            "corpus": str(corpus_file),
-            "key_corpus": str(corpus_file),
-            "n": 4,
-            "prompt_tokens": 8,
-            "new_tokens": 32,
-            "batch_size": 4,
-            "score_batch_size": 4,
-            "oracle": "none",
-            "lengths": [],
-            "sweep": True,
-            "grids": {"kgw-distilled": [2.0, 3.0]},
-            "method_settings": {"kgw-distilled": {"delta": 3.0, **TINY_BUDGET, "steps": 20}},
-        }
+    cfg = eval_config(
+        model_dir,
+        corpus_file,
+        n=4,
+        lengths=[],
+        sweep=True,
+        grids={"kgw-distilled": [2.0, 3.0]},
+        method_settings={"kgw-distilled": {"delta": 3.0, **TINY_BUDGET, "steps": 20}},
     )
     results = run_eval(cfg, tmp_path, progress=False)
     keys = {p.parent.parent.name: p for p in (tmp_path / "keys").glob("*/s0/key.safetensors")}
@@ -245,27 +242,15 @@ def test_a_key_distilled_before_autocast_existed_is_refused_under_bfloat16(model
 
     import pytest
 
-    from openstamp.config import EvalConfig
     from openstamp.evaluation.pipeline import run_eval
 
     settings = {"delta": 3.0, **TINY_BUDGET, "steps": 10}
-    cfg = {
-        "model": str(model_dir),
-        "methods": ["kgw-distilled"],
-        "corpus": str(corpus_file),
-        "key_corpus": str(corpus_file),
-        "n": 4,
-        "prompt_tokens": 8,
-        "new_tokens": 32,
-        "batch_size": 4,
-        "score_batch_size": 4,
-        "oracle": "none",
-        "lengths": [],
-        "strengths": {"kgw-distilled": 3.0},
-    }
+    cfg = {"n": 4, "lengths": [], "strengths": {"kgw-distilled": 3.0}}
     for autocast, refused in (("bfloat16", True), ("float32", False)):
         out = tmp_path / autocast
-        run = EvalConfig.from_dict({**cfg, "method_settings": {"kgw-distilled": {**settings, "autocast": autocast}}})
+        run = eval_config(
+            model_dir, corpus_file, **cfg, method_settings={"kgw-distilled": {**settings, "autocast": autocast}}
+        )
         run_eval(run, out, progress=False)
         path = out / "keys" / "kgw-distilled" / "s0" / "settings.json"
         saved = json.loads(path.read_text())
