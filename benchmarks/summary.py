@@ -92,7 +92,9 @@ def retied_lengths(r: dict) -> list[str]:
         f"batches of cut texts (against {c['method_per_call']['prefix_hits']}), and the decoder ran "
         f"{c['one_method']['misses']} times (against {c['method_per_call']['misses']})."
         + (
-            ""
+            f" The kept detector also took the per-token statistics of {r['statistics_memo_hits']['one_method']} of "
+            f"the {s['n'] * len(s['cuts'])} cut texts from their full texts (the tail bound still ran here; the "
+            "eval's length stage skips it)."
             if "statistics_memo_hits" in r
             else " (Recorded before the kept detector also kept per-token statistics for cut texts, dec7977: the "
             "eval's figures below include that.)"
@@ -109,7 +111,7 @@ def eval_retime(r: dict) -> list[str]:
     return [
         "The same in the eval itself (`python benchmarks/eval_retime.py`: the timed comparison's folder, scored "
         "again with the current code after deleting OpenStamp's and no-projection's score and length files; "
-        "keys and completions are kept): before, with the kept detector (the section above), and after, with "
+        "keys and completions are kept): before, with the kept detector alone (b9ac730), and after, with "
         f"each detector keeping its texts' per-token statistics for their cut texts: {parts}. The same invocation "
         f"scored the oracle's {o['sets']} sets ({o['texts']} texts) again ({', '.join(o['dtypes'])}) in "
         f"{o['seconds_after']:.0f} s; each text's perplexity moved by at most {o['max_abs_relative_difference']:.2%}."
