@@ -18,8 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import DetectConfig
 from openstamp.detect.calibrate import calibrated_threshold
-from openstamp.detect.llr import TokenStats, permutation_pvalue, token_stats
-from openstamp.detect.memo import StatsMemo, join_stats, stats_rows
+from openstamp.detect.llr import TokenStats, join_stats, permutation_pvalue, stats_rows, token_stats
+from openstamp.detect.memo import StatsMemo
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
 from openstamp.hidden import active_cache, final_hidden

@@ -49,9 +49,6 @@ class TokenStats:
     lse_orig: torch.Tensor | None = None
 
 
-FIELDS = ("llr", "centred", "discrete", "green", "selected", "selector", "lse_orig")
-
-
 def token_stats(
     hidden: torch.Tensor,
     targets: torch.Tensor,
@@ -99,9 +96,22 @@ def token_stats(
         L, empty = key.n_lists, torch.empty(0)
         residual = torch.empty(0, L) if with_null else None
         return TokenStats(empty, empty, empty, empty.bool(), empty.long(), torch.empty(0, L), residual, empty)
+    return join_stats(parts)
+
+
+def stats_rows(stats: TokenStats, start: int, stop: int) -> TokenStats:
+    """Rows ``start:stop`` of every per-token field."""
+    return TokenStats(**{k: (v[start:stop] if isinstance(v, torch.Tensor) else v) for k, v in stats.__dict__.items()})
+
+
+def join_stats(parts: list[TokenStats]) -> TokenStats:
+    """The rows of ``parts`` one after another."""
+    first = parts[0]
     return TokenStats(
-        **{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS},
-        residual=torch.cat([p.residual for p in parts]) if with_null else None,
+        **{
+            k: (torch.cat([getattr(p, k) for p in parts]) if isinstance(v, torch.Tensor) else v)
+            for k, v in first.__dict__.items()
+        }
     )
 
 

@@ -13,23 +13,7 @@ from collections import OrderedDict
 
 import torch
 
-from openstamp.detect.llr import TokenStats
-
-
-def stats_rows(stats: TokenStats, start: int, stop: int) -> TokenStats:
-    """Rows ``start:stop`` of every per-token field."""
-    return TokenStats(**{k: (v[start:stop] if isinstance(v, torch.Tensor) else v) for k, v in stats.__dict__.items()})
-
-
-def join_stats(parts: list[TokenStats]) -> TokenStats:
-    """The rows of ``parts`` one after another."""
-    first = parts[0]
-    return TokenStats(
-        **{
-            k: (torch.cat([getattr(p, k) for p in parts]) if isinstance(v, torch.Tensor) else v)
-            for k, v in first.__dict__.items()
-        }
-    )
+from openstamp.detect.llr import TokenStats, stats_rows
 
 
 class StatsMemo:
