@@ -47,7 +47,7 @@ class OpenStamp(WatermarkMethod):
     sweep = (0.3, 0.6, 0.9, 1.2)
     key_fields = ("key",)
     key: WatermarkKey
-    _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector on a watermarked copy
+    _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector made
 
     def build(self, model, tokenizer, documents, seed) -> None:
         cfg = load_profile(self.config.profile).with_overrides(
@@ -87,19 +87,20 @@ class OpenStamp(WatermarkMethod):
         return [MethodScore(r.score, r.p_value, r.n_tokens, dict(r.detectors)) for r in detector.detect(texts)]
 
     def _detector(self, base, tokenizer, batch_size: int) -> Detector:
-        """A detector of ``base``: for a re-tied key, the one made last, which scores on its watermarked copy.
+        """The detector made last, while ``base``, the key and the settings stay the same; else a new one.
 
-        That copy is the release's decoder. Keeping it while the key and ``base`` stay the same lets the
-        eval's hidden-state cache (kept per model object) serve the length curve's cut texts from the
-        full texts' states; a new copy per call would run the decoder again for every cut.
+        Keeping it lets the eval's caches serve the length curve's cut texts from the full texts' work: the
+        detector's per-token statistics (``Detector.memo``) and, for a re-tied key, the hidden states of its
+        watermarked copy of ``base`` (the release's decoder; the hidden-state cache keeps states per model
+        object, and a new copy per call would run the decoder again for every cut).
         """
         config = DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
         last = self._last
         if last and last[0]() is base and last[1] is self.key and last[2] == config:
-            if check_key(base, self.key) == "original":  # base unchanged: the copy is still the release
+            if check_key(base, self.key) == "original":  # base unchanged: the detector (and its copy) still holds
                 return last[3]
         detector = Detector(base, tokenizer, self.key, config)
-        self._last = (weakref.ref(base), self.key, config, detector) if detector.model is not base else None
+        self._last = (weakref.ref(base), self.key, config, detector)
         return detector
 
 
