@@ -21,7 +21,7 @@ import numpy as np
 from openstamp.config import EvalConfig
 from openstamp.evaluation.lengths import mean_curve
 from openstamp.evaluation.results import summarize
-from openstamp.monitor import sum_seconds
+from openstamp.evaluation.timings import sum_timings
 from openstamp.storage import atomic_write_json, differences, read_json
 
 TOLERANCE = 1e-3  # relative: the same text's reference figures, maybe computed on another machine
@@ -140,14 +140,8 @@ def _timings(all_timings: list[dict | None]) -> dict | None:
     known = [t for t in all_timings if t]
     if not known:
         return None
-    stages = sum_seconds([t["stages"] for t in known])
-    names = dict.fromkeys(name for t in known for name in t.get("methods", {}))
     return {
-        "stages": stages,
-        "total": round(sum(stages.values()), 3),
-        "methods": {
-            name: sum_seconds([t["methods"][name] for t in known if name in t.get("methods", {})]) for name in names
-        },
+        **sum_timings([t["stages"] for t in known], [t.get("methods", {}) for t in known]),
         "invocations": sum(t["invocations"] for t in known),
         "complete": len(known) == len(all_timings) and all(t.get("complete", True) for t in known),
         "shards": len(all_timings),

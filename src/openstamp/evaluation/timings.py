@@ -35,18 +35,23 @@ def record_timings(
         entry["methods"] = by_method
     history.append({**entry, "untimed_earlier_work": True} if untimed else entry)
     atomic_write_json(path, history)
-    totals = sum_seconds([e["seconds"] for e in history])
     machines = [e["machine"] for e in history if "machine" in e]
-    names = dict.fromkeys(name for e in history for name in e.get("methods", {}))
     return {
-        "stages": totals,
-        "total": round(sum(totals.values()), 3),
-        "methods": {
-            name: sum_seconds([e["methods"][name] for e in history if name in e.get("methods", {})]) for name in names
-        },
+        **sum_timings([e["seconds"] for e in history], [e.get("methods", {}) for e in history]),
         "invocations": len(history),
         "machines": [m for i, m in enumerate(machines) if m not in machines[:i]],  # each processor and thread count
         "complete": not any(e.get("untimed_earlier_work") for e in history),
+    }
+
+
+def sum_timings(stages: list[dict[str, float]], methods: list[dict[str, dict[str, float]]]) -> dict:
+    """``stages``: each stage's seconds summed over the entries; ``total``; ``methods``: per method, likewise."""
+    totals = sum_seconds(stages)
+    names = dict.fromkeys(name for entry in methods for name in entry)
+    return {
+        "stages": totals,
+        "total": round(sum(totals.values()), 3),
+        "methods": {name: sum_seconds([entry[name] for entry in methods if name in entry]) for name in names},
     }
 
 
