@@ -181,6 +181,27 @@ def oracle_dtype(r: dict) -> list[str]:
     ]
 
 
+def score_dtype(r: dict) -> list[str]:
+    s, t, a = r["settings"], r["seconds"], r["agreement"]
+    return [
+        f"The detectors' decoder dtype (`python benchmarks/score_dtype.py --n {s['n']}`): OpenStamp's detector (the "
+        f"demo's release and key) on {r['texts']} texts of {s['new_tokens']} tokens ({r['scored_tokens']} scored "
+        f"tokens: human continuations, the release's and the original model's completions after the same prompts), "
+        f"its decoder in float32 {t['float32']:.1f} s and under bfloat16 autocast {t['bfloat16']:.1f} s "
+        f"({r['speedup_bfloat16']:.2f}x). Per text, bfloat16 against float32: "
+        + "; ".join(
+            f"{name}: score (mean LLR) moved by {v['median_abs_score_difference']:.1e} at the median and "
+            f"{v['max_abs_score_difference']:.1e} at most (the set's scores spread with sd "
+            f"{v['score_sd_float32']:.3f}), flagged at p <= 0.01 {v['flagged_float32']} -> {v['flagged_bfloat16']} of "
+            f"{s['n']}"
+            for name, v in a.items()
+        )
+        + ". The eval's `score_dtype` is `fast` by default (here: "
+        f"{r['fast_dtype_here']}); the head statistics stay float32, and a permutation p-value stays exact in either "
+        "dtype (the states are a fixed function of the text).",
+    ]
+
+
 def distill_precision(r: dict) -> list[str]:
     s, fp, bf = r["settings"], r["float32"], r["bfloat16"]
     return [
@@ -594,6 +615,7 @@ def render() -> str:
         ("eval_store", eval_store),
         ("generate_speed", generate_speed),
         ("oracle_dtype", oracle_dtype),
+        ("score_dtype", score_dtype),
         ("distill_precision", distill_precision),
         ("key_rebuild", key_rebuild),
         ("key_rebuild_from_results", key_rebuild_from_results),

@@ -210,7 +210,7 @@ def test_p_values_needed_to_a_level_skip_the_tail_bound_and_decide_alike(setup):
     assert [r.p_value for r in det.detect(setup["wm"][:8])] == [r.p_value for r in refined]  # the level is restored
 
 
-def test_the_statistics_memo_is_bounded_and_a_new_cache_empties_it():
+def test_the_statistics_memo_is_bounded_and_a_new_cache_or_precision_empties_it():
     from openstamp.detect.llr import TokenStats
     from openstamp.detect.memo import StatsMemo
     from openstamp.hidden import HiddenCache
@@ -226,5 +226,10 @@ def test_the_statistics_memo_is_bounded_and_a_new_cache_empties_it():
     assert memo.tokens == 5 and memo.find([1, 2, 3, 4, 5], 1) is None
     found = memo.find([1, 2, 3, 4, 9], 1)
     assert found.llr.tolist() == [0.0, 1.0, 2.0, 3.0] and memo.find([1, 2, 3, 4, 9], 2) is None  # another context
-    memo.bind(HiddenCache())
+    memo.bind(cache, "bfloat16")  # rows of states the decoder computed in another dtype
+    assert memo.tokens == 0 and memo.find([1, 2, 3, 4, 9], 1) is None
+    memo.keep([1, 2, 3, 4, 9, 9], 1, stats(5))
+    memo.bind(cache, "bfloat16")
+    assert memo.tokens == 5
+    memo.bind(HiddenCache(), "bfloat16")
     assert memo.tokens == 0 and memo.find([1, 2, 3, 4, 9], 1) is None

@@ -5,7 +5,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from openstamp.config import StatesConfig
 from openstamp.corpus import load_documents
-from openstamp.hidden import HiddenCache, collect_states, final_hidden, plan_windows, reusing
+from openstamp.hidden import (
+    HiddenCache,
+    autocast_decoder,
+    collect_states,
+    decoder_dtype,
+    final_hidden,
+    plan_windows,
+    reusing,
+)
 from openstamp.methods.common import right_padded
 
 
@@ -133,3 +141,27 @@ def test_a_prefix_use_keeps_its_entry_from_being_dropped_first(tiny_model_dir, c
         final_hidden(model, *right_padded(a, 0))
         final_hidden(model, *right_padded(b, 0))
     assert (cache.hits, cache.misses) == (1, 4)
+
+
+def test_an_autocast_decoder_returns_float32_states_near_the_model_s_and_the_cache_keeps_precisions_apart(
+    tiny_model_dir, corpus_file
+):
+    model, *_ = setup(tiny_model_dir, corpus_file)
+    full, cut = [[1, 5, 9, 14, 3, 8, 21]], [[1, 5, 9, 14, 3]]
+    with torch.inference_mode():
+        exact = final_hidden(model, *right_padded(full, 0))
+        with autocast_decoder("bfloat16"):
+            assert decoder_dtype() == "bfloat16"
+            rounded = final_hidden(model, *right_padded(full, 0))
+        with autocast_decoder("float32"):  # the model's own dtype: no autocast
+            assert decoder_dtype() is None
+    assert decoder_dtype() is None and rounded.dtype == torch.float32 and not torch.equal(rounded, exact)
+    torch.testing.assert_close(rounded, exact, rtol=0.1, atol=0.1)  # bfloat16 keeps about 3 significant digits
+    cache = HiddenCache()
+    with torch.inference_mode(), reusing(cache):
+        final_hidden(model, *right_padded(full, 0))
+        with autocast_decoder("bfloat16"):  # neither the batch nor its prefix is taken from float32 states
+            assert torch.equal(final_hidden(model, *right_padded(full, 0)), rounded)
+            final_hidden(model, *right_padded(cut, 0))
+            assert (cache.hits, cache.prefix_hits, cache.misses) == (0, 1, 2)
+        assert torch.equal(final_hidden(model, *right_padded(full, 0)), exact) and cache.hits == 1

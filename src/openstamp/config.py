@@ -224,6 +224,7 @@ class DetectConfig:
 
 
 ORACLE_DTYPES = ("fast", "float32", "bfloat16", "float16")  # fast: models.fast_dtype(device)
+RECORDED_BEFORE = {"score_dtype": "float32"}  # EvalConfig fields added since, at the value earlier runs had
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +258,11 @@ class EvalConfig:
     )
     batch_size: int = option(100, "generation batch (larger batches sample faster: benchmarks/generate_speed.py)")
     score_batch_size: int = option(16, "detection batch")
+    score_dtype: str = option(
+        "fast",
+        "the detectors' decoder dtype (autocast; their statistics stay float32): 'fast' is bfloat16 where the device "
+        "computes it natively, else float32; a run records the dtype it resolved to",
+    )
     dtype: str = option("float32", "model dtype")
     device: str = option("cpu", "cpu, cuda or auto")
 
@@ -267,7 +273,8 @@ class EvalConfig:
         check(all(n >= 1 for n in self.lengths), "lengths must be token counts >= 1")
         check(self.downstream_limit >= 2, "downstream_limit must be >= 2")
         check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
-        check(self.oracle_dtype in ORACLE_DTYPES, f"oracle_dtype must be one of {', '.join(ORACLE_DTYPES)}")
+        for name in ("oracle_dtype", "score_dtype"):
+            check(getattr(self, name) in ORACLE_DTYPES, f"{name} must be one of {', '.join(ORACLE_DTYPES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -282,6 +289,12 @@ class EvalConfig:
             if name in data:
                 data[name] = tuple(int(v) if name in ("seeds", "lengths") else v for v in data[name])
         return cls(**data)
+
+    @classmethod
+    def recorded(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A config a run recorded, with every field: one added since takes the value such runs had
+        (``RECORDED_BEFORE``), else its default."""
+        return {**cls().to_dict(), **RECORDED_BEFORE, **data}
 
     @classmethod
     def from_file(cls, path: str) -> EvalConfig:

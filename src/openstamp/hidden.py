@@ -89,11 +89,11 @@ def final_hidden(
     cache = active_cache()
     if cache is None:
         return _decoder(model, input_ids, attention_mask, position_ids)
-    key = cache.key(input_ids, attention_mask, position_ids)
+    key = (*cache.key(input_ids, attention_mask, position_ids), decoder_dtype())  # states of one precision only
     if (hit := cache.get(model, key)) is not None:
         return hit
     lengths = padded_row_lengths(attention_mask, position_ids)
-    found = cache.prefixes(model, input_ids, lengths) if lengths is not None else []
+    found = cache.prefixes(model, input_ids, lengths, decoder_dtype()) if lengths is not None else []
     reused = [row for row in found if row is not None]
     if not reused:
         cache.misses += 1
@@ -113,16 +113,19 @@ def final_hidden(
     width = max(lengths[i] for i in missing)
     ids, mask = input_ids[missing, :width], attention_mask[missing, :width]
     rest = _decoder(model, ids, mask, None)
-    cache.put(model, cache.key(ids, mask, None), rest, ids, [lengths[i] for i in missing])
+    cache.put(model, (*cache.key(ids, mask, None), decoder_dtype()), rest, ids, [lengths[i] for i in missing])
     for j, i in enumerate(missing):
         out[i, : lengths[i]] = rest[j, : lengths[i]]
     return out
 
 
 def _decoder(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
-    return model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
+    dtype = decoder_dtype()
+    with torch.autocast(input_ids.device.type, dtype=getattr(torch, dtype or "float32"), enabled=dtype is not None):
+        out = model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+    return out if dtype is None else out.float()
 
 
 def padded_row_lengths(mask: torch.Tensor, position_ids: torch.Tensor | None) -> list[int] | None:
@@ -170,14 +173,18 @@ class HiddenCache:
         self.entries[key] = self.entries.pop(key)  # the most recently used goes last
         return entry[1]
 
-    def prefixes(self, model, ids: torch.Tensor, lengths: list[int]) -> list[torch.Tensor | None]:
-        """Per row of a right-padded batch: the cached states of a row it is a prefix of, or None."""
+    def prefixes(self, model, ids: torch.Tensor, lengths: list[int], precision=None) -> list[torch.Tensor | None]:
+        """Per row of a right-padded batch: the cached states of a row it is a prefix of, or None.
+
+        ``precision`` is the last element of the keys it may take rows from (final_hidden's decoder dtype)."""
         found = []
         for row, length in zip(ids.tolist(), lengths, strict=True):
             row, hit = row[:length], None
             for key, i, tokens in self.rows.get(tuple(row[: self.INDEX]), ()):
                 entry = self.entries.get(key)
-                if entry is not None and entry[0]() is model and len(tokens) >= length and tokens[:length] == row:
+                if entry is None or entry[0]() is not model or key[-1] != precision:
+                    continue
+                if len(tokens) >= length and tokens[:length] == row:
                     hit = entry[1][i, :length]
                     self.entries[key] = self.entries.pop(key)  # a prefix use counts as a use: it goes last
                     break
@@ -227,6 +234,28 @@ def active_cache() -> HiddenCache | None:
     """The cache ``final_hidden`` uses in this thread now (the innermost ``reusing``), or None."""
     active = _active()
     return active[-1] if active else None
+
+
+def decoder_dtype() -> str | None:
+    """The dtype ``final_hidden`` runs the decoder in under autocast in this thread now, or None (the model's)."""
+    return getattr(_LOCAL, "dtype", None)
+
+
+@contextlib.contextmanager
+def autocast_decoder(dtype: str | None):
+    """Within the block (this thread), ``final_hidden`` runs the decoder under ``torch.autocast`` in ``dtype``
+    (bfloat16 or float16; float32 or None: in the model's own dtype) and returns float32 states.
+
+    Only the decoder: whatever multiplies its states (a detector's head statistics) stays in float32. A p-value
+    of the permutation test stays exact, since the states are still a fixed function of the text, whatever
+    their precision; the scores move by the decoder's rounding (``benchmarks/score_dtype.py``).
+    """
+    previous = decoder_dtype()
+    _LOCAL.dtype = None if dtype in (None, "float32") else dtype
+    try:
+        yield
+    finally:
+        _LOCAL.dtype = previous
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.config import EvalConfig
 from openstamp.evaluation.pipeline import configured, key_directory
 from openstamp.evaluation.results import detection_metrics, load_generations
+from openstamp.hidden import autocast_decoder
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import atomic_write_json, changed_settings, read_json
 
@@ -66,7 +67,7 @@ def open_eval(path: str | Path) -> EvalRun:
     """Read an ``openstamp eval`` run directory (it must have finished: results.json exists)."""
     path = Path(path)
     results = read_json(path / "results.json", "evaluation results (run `openstamp eval` first)")
-    cfg = EvalConfig.from_dict(results["config"])
+    cfg = EvalConfig.from_dict(EvalConfig.recorded(results["config"]))
     windows = read_json(path / "data" / "prompts.json", "prompt cache")
     return EvalRun(path, cfg, results["runs"], windows)
 
@@ -136,10 +137,16 @@ def watermarked_copy(base: PreTrainedModel, method: WatermarkMethod) -> PreTrain
 
 
 def score_texts(
-    method: WatermarkMethod, base: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], batch: int
+    method: WatermarkMethod,
+    base: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    cfg: EvalConfig,
 ) -> list[dict]:
-    """The method's unchanged detector (with the original model) on attacked texts, as dicts."""
-    return [asdict(s) for s in method.score(base, tokenizer, texts, batch)]
+    """The method's unchanged detector (with the original model) on attacked texts, as dicts: batched and with its
+    decoder in the dtype the eval's own scores were made in."""
+    with autocast_decoder(cfg.score_dtype):
+        return [asdict(s) for s in method.score(base, tokenizer, texts, cfg.score_batch_size)]
 
 
 def attacked_metrics(attacked: list[dict], eval_scores: dict) -> dict:

@@ -107,7 +107,7 @@ def run_edit(eval_dir: Path, out: Path, cfg: EditConfig, progress: bool = True) 
         if progress:
             log.info("scoring edited %s", run["run"])
         path = out / "scores" / f"{file_name(run['run'])}.json"
-        scores = cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg.score_batch_size)
+        scores = cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg)
         eval_scores = ev.scores(run)
         before = attacked_metrics(eval_scores["watermarked"], eval_scores)
         rows.append(compare_row(run, before, attacked_metrics(scores, eval_scores)))

@@ -117,7 +117,7 @@ def attack_run(ev, run, base, tokenizer, data: tuple, n: int, cfg: TrainConfig, 
             out, f"{run['run']}/step{step:05d}", model, tokenizer, prompts, ev.cfg, run["seed"], None, False
         )
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg.score_batch_size)
+        cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg)
 
     if progress:
         log.info("training %s (%s, %d steps)", run["run"], cfg.mode, cfg.steps)

@@ -232,9 +232,7 @@ def run_paraphrase(eval_dir: Path, out: Path, cfg: ParaphraseConfig, progress: b
             log.info("scoring paraphrased %s", run["run"])
         method, eval_scores = load_method(ev, run, base), ev.scores(run)
         path = out / "scores" / f"{file_name(run['run'])}.json"
-        scores = cached_json(
-            path, score_texts, method, base, tokenizer, paraphrases[run["generations"]], ev.cfg.score_batch_size
-        )
+        scores = cached_json(path, score_texts, method, base, tokenizer, paraphrases[run["generations"]], ev.cfg)
         before = attacked_metrics(eval_scores["watermarked"][:n], eval_scores)
         row = compare_row(run, before, attacked_metrics(scores, eval_scores))
         row["generations"] = run["generations"]

@@ -123,7 +123,7 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
                 processor = method.logits_processor()
                 ids = generate_set(out, gen, model, tokenizer, ev.prompts(n), ev.cfg, run["seed"], processor, False)
                 texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-                cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg.score_batch_size)
+                cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg)
                 del model
             how[label] = read_json(record, "quantization record")
             rows.append(_row(run, label, _metrics(read_json(path, "scores"), eval_scores), how[label]))

@@ -78,7 +78,7 @@ def detect_attacked(
         out, f"{tag}/{run['generations']}", model, tokenizer, ev.prompts(n), ev.cfg, run["seed"], None, False
     )
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    return cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg.score_batch_size)
+    return cached_json(path, score_texts, method, base, tokenizer, texts, ev.cfg)
 
 
 def scores_path(out: Path, tag: str, run: dict) -> Path:

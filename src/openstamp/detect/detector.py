@@ -22,7 +22,7 @@ from openstamp.detect.llr import TokenStats, join_stats, permutation_pvalue, sta
 from openstamp.detect.memo import StatsMemo
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
-from openstamp.hidden import active_cache, final_hidden
+from openstamp.hidden import active_cache, decoder_dtype, final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
 from openstamp.models import model_device
@@ -225,7 +225,7 @@ class Detector:
     def _stats(self, seqs, firsts, spans, h, targets) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
         """The batch's token statistics; while a hidden-state cache is active, a text cut from one scored before
         takes that text's first rows (``StatsMemo``), and only the others go through the vocabulary."""
-        memo = self.memo if self.memo.bind(active_cache()) else None
+        memo = self.memo if self.memo.bind(active_cache(), decoder_dtype()) else None
         found = [None if memo is None else memo.find(seq, first) for seq, first in zip(seqs, firsts, strict=True)]
         missing = [j for j, f in enumerate(found) if f is None]
         if not missing:

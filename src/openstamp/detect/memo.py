@@ -27,16 +27,17 @@ class StatsMemo:
         self.max_tokens, self.tokens, self.hits = max_tokens, 0, 0
         self.kept: OrderedDict[tuple[int, ...], tuple[int, TokenStats]] = OrderedDict()  # seq -> (first, stats)
         self.index: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        self.owner: weakref.ref | None = None  # the hidden-state cache it was filled under
+        self.owner: tuple[weakref.ref, str | None] | None = None  # the hidden-state cache and decoder dtype of its rows
 
-    def bind(self, cache) -> bool:
-        """Use the memo under ``cache`` (None: no cache is active, keep nothing); a new cache empties it."""
+    def bind(self, cache, precision: str | None = None) -> bool:
+        """Use the memo under ``cache`` (None: no cache is active, keep nothing) with the decoder in ``precision``
+        (``openstamp.hidden.decoder_dtype``); a new cache or another precision empties it."""
         if cache is None:
             return False
-        if self.owner is None or self.owner() is not cache:
+        if self.owner is None or self.owner[0]() is not cache or self.owner[1] != precision:
             self.kept.clear()
             self.index.clear()
-            self.tokens, self.owner = 0, weakref.ref(cache)
+            self.tokens, self.owner = 0, (weakref.ref(cache), precision)
         return True
 
     def find(self, seq: list[int], first: int) -> TokenStats | None:

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from openstamp.config import EvalConfig
+from openstamp.config import RECORDED_BEFORE, EvalConfig
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
@@ -38,10 +38,10 @@ from openstamp.evaluation.scoring import score_downstream, score_own_ppl, score_
 from openstamp.evaluation.store import EvalStore, digest, folder_digest
 from openstamp.evaluation.timings import StageClock
 from openstamp.generate import sample_completions
-from openstamp.hidden import HiddenCache, reusing
+from openstamp.hidden import HiddenCache, autocast_decoder, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.methods.common import key_digest
-from openstamp.models import load_model
+from openstamp.models import fast_dtype, load_model
 from openstamp.patch import tensor_sha256
 from openstamp.storage import atomic_write_json, changed_fields, changed_settings, differences, read_json
 from openstamp.text import prompt_windows
@@ -64,6 +64,8 @@ def run_eval(
     log.info("generator: %s (%s)", choice.name, choice.reason)
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
+    if cfg.score_dtype == "fast":  # recorded as the dtype it is here: a run resumed elsewhere scores alike or stops
+        cfg = dataclasses.replace(cfg, score_dtype=fast_dtype(cfg.device))
     _check_lengths(cfg)
     _check_config(cfg, out)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
@@ -133,9 +135,9 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageCloc
                     finally:
                         if variant.carrier is Carrier.WEIGHTS:
                             variant.revert(model)
-                    with clock.stage("score"), reusing(hidden):
+                    with clock.stage("score"), reusing(hidden), autocast_decoder(cfg.score_dtype):
                         score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
-                    with clock.stage("lengths"), reusing(hidden):
+                    with clock.stage("lengths"), reusing(hidden), autocast_decoder(cfg.score_dtype):
                         human = [w["human"] for w in windows]
                         lengths = run_lengths(cfg.lengths, cfg.new_tokens)
                         ids = load_generations(out, gen_name)
@@ -176,7 +178,8 @@ RESCORED = ("oracle_dtype",)  # may change: the files record what they ran with,
 
 
 def _check_config(cfg: EvalConfig, out: Path) -> None:
-    """Refuse a run directory written with other settings; a field added since, at its default, still matches.
+    """Refuse a run directory written with other settings; a field added since, at the value such runs had
+    (``RECORDED_BEFORE``, else its default), still matches.
 
     A run may grow: more seeds or more methods than the folder holds re-use every finished stage
     (the new config is recorded); dropping one is a change like any other. A field in RESCORED may change.
@@ -190,9 +193,10 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
     wanted = asdict(cfg)
     kept = lambda d: {k: v for k, v in d.items() if k not in RESCORED}  # noqa: E731
     raw = read_json(path, "run config") if path.exists() else wanted
-    stored = kept({**asdict(EvalConfig()), **raw})  # a field added since takes its default
+    stored = kept(EvalConfig.recorded(raw))  # a field added since takes the value such runs had
     if changed := differences(stored, kept(wanted), GROWS):
-        again = [k for k in changed_fields(stored, kept(wanted), GROWS) if k in raw and k not in GROWS]
+        named = lambda k: k in raw or k in RECORDED_BEFORE  # noqa: E731
+        again = [k for k in changed_fields(stored, kept(wanted), GROWS) if named(k) and k not in GROWS]
         hint = " ".join(_set_option(k, stored[k]) for k in again)
         raise ValueError(
             f"{out} holds a run with different settings ({changed}); choose another --out or delete it"

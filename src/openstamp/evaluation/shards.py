@@ -40,8 +40,9 @@ def mismatch(results: dict, other: dict) -> str:
     """Why two evaluations are not shards of one comparison, '' where they are: a setting other than the seeds
     differs, or they scored other human text (their human reference figures or the original model's downstream
     accuracy differ)."""
-    defaults = EvalConfig().to_dict()
-    ours, theirs = ({**defaults, **{k: v for k, v in r["config"].items() if k != "seeds"}} for r in (results, other))
+    ours, theirs = (
+        {k: v for k, v in EvalConfig.recorded(r["config"]).items() if k != "seeds"} for r in (results, other)
+    )
     if changed := differences(ours, theirs):
         return f"they ran other settings ({changed})"
     for what, of in (
