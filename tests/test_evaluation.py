@@ -206,6 +206,7 @@ def test_the_detectors_decoder_dtype_is_recorded_resolved_and_a_run_from_before_
 
     out, results, methods = finished_run
     assert results["config"]["score_dtype"] == fast_dtype("cpu")  # 'fast', as this machine resolves it
+    assert f"Detectors run their decoder in {fast_dtype('cpu')}" in (out / "report.md").read_text()
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     for name in ("config.json", "results.json"):  # a run made before the field existed
@@ -216,6 +217,45 @@ def test_the_detectors_decoder_dtype_is_recorded_resolved_and_a_run_from_before_
     with pytest.raises(ValueError, match=re.escape("--set 'score_dtype=float32'")):
         pipeline._check_config(tiny_eval(model_dir, corpus_file, methods, score_dtype="bfloat16"), copy)
     pipeline._check_config(tiny_eval(model_dir, corpus_file, methods, score_dtype="float32"), copy)
+
+
+def test_a_detector_marked_strength_free_scores_alike_at_every_strength(finished_run, model_dir, corpus_file):
+    out, results, methods = finished_run
+    cfg = EvalConfig.from_dict(json.loads((out / "config.json").read_text()))
+    model, tokenizer = load_model(cfg.model)
+    windows = json.loads((out / "data" / "prompts.json").read_text())
+    texts = tokenizer.batch_decode([w["human"] for w in windows] + pipeline.load_generations(out, "unwatermarked/s0"))
+    marked = [name for name in methods if pipeline.REGISTRY[name].scores_ignore_strength]
+    assert {"gaussmark", "kgw", "unremovable", "sir"} <= set(marked) and "kgw-llr" not in marked
+    for name in marked:
+        method = pipeline.keyed_method(out, name, 0, cfg, model, tokenizer, [])
+        one, other = (method.with_strength(s) for s in (0.5 * method.strength_value, 2.0 * method.strength_value))
+        assert one.score(model, tokenizer, texts, 4) == other.score(model, tokenizer, texts, 4), name
+    for name in ("openstamp", "kgw-llr"):  # detectors that read the strength: the flag would be wrong
+        method = pipeline.keyed_method(out, name, 0, cfg, model, tokenizer, [])
+        one, other = (method.with_strength(s) for s in (0.5 * method.strength_value, 2.0 * method.strength_value))
+        assert one.score(model, tokenizer, texts, 4) != other.score(model, tokenizer, texts, 4), name
+
+
+def test_a_sweep_scores_the_negatives_of_a_strength_free_detector_once(model_dir, corpus_file, tmp_path, monkeypatch):
+    from openstamp.methods.gaussmark import GaussMark
+
+    scored = []
+    real = GaussMark.score
+
+    def counting(self, base, tokenizer, texts, batch_size=16):
+        scored.extend(texts)
+        return real(self, base, tokenizer, texts, batch_size)
+
+    monkeypatch.setattr(GaussMark, "score", counting)
+    grids = {"gaussmark": [0.25, 0.5]}
+    cfg = tiny_eval(model_dir, corpus_file, ("gaussmark",), oracle="none", sweep=True, grids=grids, lengths=(16,))
+    results = pipeline.run_eval(cfg, tmp_path, progress=False)
+    runs = [json.loads((tmp_path / "scores" / f"gaussmark@{s:g}_s0.json").read_text()) for s in (0.25, 0.5)]
+    assert runs[0]["human"] == runs[1]["human"] and runs[0]["unwatermarked"] == runs[1]["unwatermarked"]
+    # full length: 2 x 8 completions and the 16 negatives once; cut to 17 ids: 2 x 8 completions and 8 human texts
+    assert len(scored) == len(set(scored)) == 2 * 8 + 16 + 2 * 8 + 8
+    assert [r["metrics"]["auroc"] >= 0 for r in results["runs"]] == [True, True]
 
 
 def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file, tmp_path, monkeypatch):

@@ -146,7 +146,8 @@ class HiddenCache:
     per method and strength) then runs the decoder once. An entry is used only for the very model
     object that made it (a weak reference), and only while the caller keeps that model's decoder
     unchanged: weight-level methods apply their watermark outside ``reusing`` and revert it exactly,
-    unless the watermark leaves the decoder alone (``WatermarkMethod.keeps_hidden``).
+    unless the watermark leaves the decoder alone (``WatermarkMethod.keeps_hidden``). States computed under
+    ``autocast_decoder`` serve only calls in the same dtype (the dtype ends each key).
 
     A causal decoder's state at a position depends on the tokens up to it alone, so a right-padded
     row that starts a cached row's tokens takes that row's first states (the same numbers, up to

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from openstamp.evaluation.pipeline import configured, key_directory
 from openstamp.evaluation.results import detection_metrics, load_generations
 from openstamp.hidden import autocast_decoder
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
+from openstamp.methods.base import score_dicts
 from openstamp.storage import atomic_write_json, changed_settings, read_json
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def score_texts(
     """The method's unchanged detector (with the original model) on attacked texts, as dicts: batched and with its
     decoder in the dtype the eval's own scores were made in."""
     with autocast_decoder(cfg.score_dtype):
-        return [asdict(s) for s in method.score(base, tokenizer, texts, cfg.score_batch_size)]
+        return score_dicts(method, base, tokenizer, texts, cfg.score_batch_size)
 
 
 def attacked_metrics(attacked: list[dict], eval_scores: dict) -> dict:

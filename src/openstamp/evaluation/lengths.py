@@ -29,13 +29,13 @@ ids it cut (``ids``), and a length cached with another cut is scored again.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from openstamp.detect.detector import p_values_down_to
 from openstamp.evaluation.metrics import auroc, tpr_at_fpr
+from openstamp.methods.base import score_dicts
 from openstamp.storage import atomic_write_json, read_json
 
 LEVEL = 0.01  # the p-value level the curve decides at (flagged_at_p_0.01)
@@ -50,8 +50,9 @@ def lengths_path(out: Path, run: str) -> Path:
     return out / "scores" / "lengths" / f"{run.replace('/', '_')}.json"
 
 
-def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, human, lengths, batch) -> None:
-    """Score the first L + 1 ids of the watermarked and human token lists for every L; cached per run and length."""
+def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, human, lengths, batch, memo=None) -> None:
+    """Score the first L + 1 ids of the watermarked and human token lists for every L; cached per run and length
+    (``memo``: see ``openstamp.methods.base.score_dicts``)."""
     path = lengths_path(out, run)
     scores = read_json(path, "length scores") if path.exists() else {}
     todo = [n for n in lengths if scores.get(str(n), {}).get("ids") != n + 1]
@@ -62,7 +63,7 @@ def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, hu
         for name, ids in (("watermarked", watermarked), ("human", human)):
             texts = tokenizer.batch_decode([x[: n + 1] for x in ids], skip_special_tokens=True)
             with p_values_down_to(LEVEL):
-                entry[name] = [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
+                entry[name] = score_dicts(method, model, tokenizer, texts, batch, memo)
         scores[str(n)] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, scores)

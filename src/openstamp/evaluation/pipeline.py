@@ -104,6 +104,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageCloc
     with clock.stage("downstream"):
         score_downstream(out, "original", model, tokenizer, None, cfg)
     runs, keys = [], {}  # keys: each method's one key per seed, shared by its strengths
+    memos: dict[tuple, dict] = {}  # per shared key whose scores ignore the strength: each text's scores, once
     for seed in cfg.seeds:
         with clock.stage("generate"):
             name = f"unwatermarked/s{seed}"
@@ -135,13 +136,16 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageCloc
                     finally:
                         if variant.carrier is Carrier.WEIGHTS:
                             variant.revert(model)
+                    shared = variant.scores_ignore_strength and not variant.key_per_strength
+                    memo = memos.setdefault((name, seed), {}) if shared else None
                     with clock.stage("score"), reusing(hidden), autocast_decoder(cfg.score_dtype):
-                        score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg)
+                        score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg, memo)
                     with clock.stage("lengths"), reusing(hidden), autocast_decoder(cfg.score_dtype):
                         human = [w["human"] for w in windows]
                         lengths = run_lengths(cfg.lengths, cfg.new_tokens)
                         ids = load_generations(out, gen_name)
-                        score_lengths(out, run, variant, model, tokenizer, ids, human, lengths, cfg.score_batch_size)
+                        batch = cfg.score_batch_size
+                        score_lengths(out, run, variant, model, tokenizer, ids, human, lengths, batch, memo)
                     runs.append(
                         {
                             "run": run,

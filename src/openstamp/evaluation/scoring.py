@@ -8,9 +8,9 @@ of every completion set (``score_perplexity``). The pipeline calls them with the
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 
 from openstamp.evaluation.results import load_generations
+from openstamp.methods.base import score_dicts
 from openstamp.models import load_model
 from openstamp.storage import atomic_write_json
 
@@ -54,8 +54,9 @@ def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress
     atomic_write_json(path, nll)
 
 
-def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) -> None:
-    """The run's detector on its watermarked text and on both negative sets, all as decoded text."""
+def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg, memo=None) -> None:
+    """The run's detector on its watermarked text and on both negative sets, all as decoded text (``memo``: see
+    ``openstamp.methods.base.score_dicts``)."""
     path = out / "scores" / f"{run.replace('/', '_')}.json"
     if path.exists():
         return
@@ -67,7 +68,7 @@ def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg) 
     scores = {}
     for name, ids in sets.items():
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        scores[name] = [asdict(s) for s in method.score(model, tokenizer, texts, cfg.score_batch_size)]
+        scores[name] = score_dicts(method, model, tokenizer, texts, cfg.score_batch_size, memo)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, scores)
 

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,6 +59,8 @@ class WatermarkMethod(ABC):
     OpenStamp is not one: on a tied model its ``U~`` is the input embedding too. ``added_settings``
     names config fields added after keys were first saved, with the value a key saved without them
     was built with (where that is not today's default), so the eval refuses such a key under other settings.
+    ``scores_ignore_strength`` marks a detector that reads the key alone, never the strength (GaussMark's gradient
+    projection, KGW's z-test): a text scores alike at every strength of one key, so a sweep scores its negatives once.
     """
 
     name: ClassVar[str]
@@ -70,6 +72,7 @@ class WatermarkMethod(ABC):
     key_per_strength: ClassVar[bool] = False
     head_only: ClassVar[bool] = False  # a weight-level watermark that patches lm_head alone, never the decoder
     added_settings: ClassVar[dict[str, Any]] = {}  # field -> its value in keys saved before the field existed
+    scores_ignore_strength: ClassVar[bool] = False  # True: score() reads the key alone, never the strength
 
     def __init__(self, config: Any | None = None) -> None:
         self.config = config if config is not None else self.config_class()
@@ -141,6 +144,21 @@ class WatermarkMethod(ABC):
     def describe(self) -> dict[str, Any]:
         """Settings for reports: the method name and its config."""
         return {"method": self.name, **dataclasses.asdict(self.config)}
+
+
+def score_dicts(
+    method: WatermarkMethod, model, tokenizer, texts: list[str], batch: int = 16, memo: dict | None = None
+) -> list[dict]:
+    """The method's scores of ``texts``, as dicts. ``memo`` (text -> scores) holds what another strength of the same
+    key scored, for a method whose scores ignore the strength (``scores_ignore_strength``): only the texts it lacks
+    are scored, and kept there."""
+    if memo is None:
+        return [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
+    todo = list(dict.fromkeys(t for t in texts if t not in memo))
+    if todo:
+        for text, score in zip(todo, method.score(model, tokenizer, todo, batch), strict=True):
+            memo[text] = asdict(score)
+    return [memo[t] for t in texts]
 
 
 def register(cls: type[WatermarkMethod]) -> type[WatermarkMethod]:

@@ -139,6 +139,7 @@ class GaussMark(WatermarkMethod):
     name = "gaussmark"
     config_class = GaussMarkConfig
     strength = "sigma"
+    scores_ignore_strength = True  # <noise, g> / ||g||: sigma cancels
     sweep = (0.05, 0.1, 0.15, 0.2, 0.25)  # for SmolLM2-135M (sigma/std 0.24..1.2); see the module docstring
     key_fields = ("noise",)
     noise: torch.Tensor  # float32 (intermediate, hidden), standard normal

@@ -132,6 +132,7 @@ class KGW(WatermarkMethod):
     name = "kgw"
     config_class = KGWConfig
     strength = "delta"
+    scores_ignore_strength = True  # the z-test counts green tokens: delta only generates
     sweep = (0.7, 1.0, 1.2, 1.4, 1.5, 1.7, 2.0)  # from the paper's 0.7..2.0 grid; 1.5 is representative
     key_fields = ("greens",)
     carrier = Carrier.DECODER
@@ -204,6 +205,7 @@ class KGWLLR(KGW):
     name = "kgw-llr"
     config_class = KGWLLRConfig
     sweep = (0.5, 0.7, 1.0, 1.2, 1.4, 1.5, 1.7)  # from the paper's 0.5..1.7 grid; 1.4 is representative
+    scores_ignore_strength = False  # the LLR reads delta
 
     def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
         seqs, _, _ = scored_sequences(tokenizer, texts)

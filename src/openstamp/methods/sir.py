@@ -231,6 +231,7 @@ class SIR(WatermarkMethod):
     name = "sir"
     config_class = SIRConfig
     strength = "delta"
+    scores_ignore_strength = True  # the z-test of the semantic scores: delta only generates
     sweep = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)  # the paper uses 1.0
     key_fields = ("scorer",)
     carrier = Carrier.DECODER

@@ -50,6 +50,7 @@ class Unremovable(WatermarkMethod):
     name = "unremovable"
     config_class = UnremovableConfig
     strength = "epsilon"
+    scores_ignore_strength = True  # the z-test sums the noise of the text's tokens: epsilon only generates
     sweep = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # the paper's grid; 0.8 is its representative value
     key_fields = ("noise", "excluded")
     head_only = True  # the bias lives in lm_head: the decoder's hidden states stay the original's
