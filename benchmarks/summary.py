@@ -470,6 +470,47 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     return [line + f" TPR@1%FPR in this run: {tprs} (one seed, default strengths: near saturation, as above)."]
 
 
+def sweep_timed(r: dict) -> list[str]:
+    """One seed of the Pareto sweep from a cold start (``reference_runs.sh sweep_timed``), against the 3-h goal."""
+    from openstamp.evaluation.report import timing_lines
+
+    t, cfg = r["timings_s"], r["config"]
+    seeds = 3  # the sweep's seeds (reference_runs.sh sweep)
+    methods = list(dict.fromkeys(run["method"] for run in r["runs"]))
+    return [
+        f"One seed of the Pareto sweep from a cold start (`bash benchmarks/reference_runs.sh sweep_timed`: the sweep's "
+        f"command for seed {cfg['seeds'][0]}, {len(r['runs'])} runs of {len(methods)} methods, n {cfg['n']}, "
+        f"{cfg['new_tokens']} new tokens, a new run folder and an empty eval store; detectors' decoders in "
+        f"{cfg.get('score_dtype', 'float32')}, the oracle in {' and '.join(oracle_dtypes(r))}), measured on "
+        f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** recorded; its {seeds} seeds at this pace take about "
+        f"{seeds * t['total'] / 60:.0f} min, against the issue's goal of 3 h (180 min). " + timing_lines(t)[0]
+    ]
+
+
+def sweep_memo(r: dict) -> list[str]:
+    """What scoring a strength-free detector's negatives once per key saves in the sweep (``sweep_memo.py``)."""
+    t = r["total"]
+    parts = "; ".join(
+        f"{m} " + ", ".join(f"{s} {v['before']:.0f} -> {v['after']:.0f} s" for s, v in stages.items())
+        for m, stages in r["seconds"].items()
+    )
+    moved = "; ".join(
+        f"{m}: a text's score by at most {v['largest_score_difference']:.1e}, {v['figures_that_differ']} metrics or "
+        f"length-curve figures by at most {v['largest_figure_difference']:.1e}"
+        for m, v in r["moved"].items()
+    )
+    return [
+        "The sweep scores the negatives of a detector that reads its key alone, never the strength (GaussMark, KGW, "
+        "Unremovable, SIR: `scores_ignore_strength`), once per key (`python benchmarks/sweep_memo.py`: the timed "
+        f"seed above, which ran without it, those methods' {r['runs']} score and length files deleted and scored "
+        f"again): {parts}; "
+        f"together **{t['before']:.0f} -> {t['after']:.0f} s** a seed. Against the first run, {moved}. SIR's "
+        "differences are its own: it embeds the contexts its cache lacks in one batch, so what it generated and "
+        "scored before (the timed run sampled right before scoring) changes the batches and the rounding; its "
+        "score stage was also slower here for that reason (nothing of its cache was warm).",
+    ]
+
+
 def _trained(r: dict) -> list[str]:
     """The training budget of the methods whose key is trained (KGW-distilled's student, SIR's network)."""
     cells = []
@@ -633,6 +674,10 @@ def render() -> str:
         out += robustness(ev.parent) + [""]
     if (timed := load("eval_timed/results")) is not None:
         out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None) + [""]
+    if (timed := load("sweep_timed/results")) is not None:
+        out += sweep_timed(timed) + [""]
+    if (memo := load("sweep_memo")) is not None:
+        out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
