@@ -18,6 +18,7 @@ from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
+from openstamp.config import EvalConfig
 from openstamp.evaluation.shards import oracle_dtypes
 
 RESULTS = Path(__file__).parent / "results"
@@ -481,7 +482,7 @@ def sweep_timed(r: dict) -> list[str]:
         f"One seed of the Pareto sweep from a cold start (`bash benchmarks/reference_runs.sh sweep_timed`: the sweep's "
         f"command for seed {cfg['seeds'][0]}, {len(r['runs'])} runs of {len(methods)} methods, n {cfg['n']}, "
         f"{cfg['new_tokens']} new tokens, a new run folder and an empty eval store; detectors' decoders in "
-        f"{cfg.get('score_dtype', 'float32')}, the oracle in {' and '.join(oracle_dtypes(r))}), measured on "
+        f"{EvalConfig.recorded(cfg)['score_dtype']}, the oracle in {' and '.join(oracle_dtypes(r))}), measured on "
         f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** recorded; its {seeds} seeds at this pace take about "
         f"{seeds * t['total'] / 60:.0f} min, against the issue's goal of 3 h (180 min). " + timing_lines(t)[0]
     ]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import METRICS, interval
 from openstamp.evaluation.pareto import COST_AXES, compare, points
 from openstamp.evaluation.results import score_values
@@ -220,7 +221,7 @@ def write_report(out: Path) -> Path:
         f"{cfg['new_tokens']} tokens, temperature {cfg['temperature']}, top-p {cfg['top_p']}; seeds "
         f"{', '.join(map(str, cfg['seeds']))}. Detection scores the completion alone, as decoded text. "
         "Negatives are the human continuations (primary) and unwatermarked completions of the same prompts. "
-        f"Detectors run their decoder in {cfg.get('score_dtype', 'float32')} (their statistics in float32). "
+        f"Detectors run their decoder in {EvalConfig.recorded(cfg)['score_dtype']} (their statistics in float32). "
         f"Perplexity oracle: `{cfg['oracle']}` in {' and '.join(oracle_dtypes(results))} (its own tokenizer); "
         "PPL ratio is the median over prompts of "
         "watermarked / unwatermarked perplexity.",
