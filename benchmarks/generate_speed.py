@@ -3,13 +3,14 @@
     python benchmarks/generate_speed.py [--model smollm2-135m] [--n 200] [--new-tokens 64]
 
 Samples ``new_tokens`` after ``n`` held-out prompts of 50 tokens with ``openstamp.generate.sample_completions``
-(what the eval calls), in float32 at batch 32 (the eval's batch before 2026-11-26) and at the eval's batch now
-(``EvalConfig.batch_size``), and in bfloat16 at the eval's batch, interleaved; as the eval sampled before its
-inverse-transform sampler, ``generate(do_sample=True)`` (``torch.multinomial``) at the eval's batch; and times a
-plain forward pass over the same prompt + completion tokens as the in-run reference. The default eval samples
-one completion set per generation family and default strength of the registry, and the unwatermarked one, 200
-prompts x 200 new tokens each; at the measured float32 rate of its batch that stage alone takes
-``default_eval_generation_min`` minutes.
+(what the eval calls) at the eval's batch (``EvalConfig.batch_size``): with the float32 model, with the model
+loaded in bfloat16 (PyTorch's scaled-dot-product attention), and with what the eval samples from
+(``models.sampling_copy``: a copy cast to its ``sample_dtype``, 'fast' here, with eager attention), interleaved;
+and times a plain forward pass over the same prompt + completion tokens as the in-run reference. So that a
+faster sampler is seen not to sample another distribution, the float32 model scores each set's completions
+(mean negative log-likelihood per token, with its bootstrap interval). The default eval samples one completion
+set per generation family and default strength of the registry, and the unwatermarked one, 200 prompts x 200 new
+tokens each; at the measured rate of its sampler that stage alone takes ``default_eval_generation_min`` minutes.
 Writes benchmarks/results/generate_speed.json.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import torch
 from common import heldout_windows, interleaved, write_result
 
@@ -25,9 +27,11 @@ from openstamp.config import EvalConfig
 from openstamp.evaluation.pipeline import configured
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY
+from openstamp.models import fast_dtype, sampling_copy
 
 BATCH = EvalConfig().batch_size
-SETTINGS = {"float32_b32": ("float32", 32), "float32_eval": ("float32", BATCH), "bfloat16_eval": ("bfloat16", BATCH)}
+SAMPLE_DTYPE = fast_dtype("cpu") if EvalConfig().sample_dtype == "fast" else EvalConfig().sample_dtype
+SETTINGS = ("float32", "bfloat16_sdpa", "eval_sampler")
 
 
 def main() -> None:
@@ -37,70 +41,71 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    models = {dtype: load_model(args.model, dtype=dtype) for dtype in ("float32", "bfloat16")}
-    tokenizer = models["float32"][1]
+    full, tokenizer = load_model(args.model)
+    models = {
+        "float32": full,
+        "bfloat16_sdpa": load_model(args.model, dtype="bfloat16")[0],
+        "eval_sampler": sampling_copy(full, SAMPLE_DTYPE),
+    }
     prompts = [p for p, _ in heldout_windows(tokenizer, args.n, 50, args.new_tokens)]
     done: dict[str, list[list[int]]] = {}
 
     def sampler(name: str):
-        dtype, batch = SETTINGS[name]
-
         def run() -> None:
-            model = models[dtype][0]
             done[name] = sample_completions(
-                model, tokenizer, prompts, args.new_tokens, batch_size=batch, progress=False
+                models[name], tokenizer, prompts, args.new_tokens, batch_size=BATCH, progress=False
             )
 
         return run
 
-    def multinomial() -> None:  # sample_completions before InverseCDFSampler: generate's own sampling
-        model = models["float32"][0]
-        torch.manual_seed(0)
-        with torch.inference_mode():
-            for start in range(0, len(prompts), BATCH):
-                rows = torch.tensor(prompts[start : start + BATCH])
-                model.generate(
-                    input_ids=rows,
-                    attention_mask=torch.ones_like(rows),
-                    max_new_tokens=args.new_tokens,
-                    min_new_tokens=args.new_tokens,
-                    do_sample=True,
-                    top_k=0,
-                    pad_token_id=tokenizer.eos_token_id,
-                )
-
     def plain_forward() -> None:
-        model = models["float32"][0]
         with torch.inference_mode():
             for start in range(0, len(prompts), 32):
-                rows = [p + c for p, c in zip(prompts[start : start + 32], done["float32_b32"][start:], strict=False)]
-                model(input_ids=torch.tensor(rows))
+                rows = [p + c for p, c in zip(prompts[start : start + 32], done["float32"][start:], strict=False)]
+                full(input_ids=torch.tensor(rows))
 
-    # interleaved's warm-up runs each in order, so float32_b32 has sampled what plain_forward scores
-    runs = {**{name: sampler(name) for name in SETTINGS}, "float32_eval_multinomial": multinomial}
-    seconds = interleaved({**runs, "plain_forward": plain_forward}, args.repeats)
+    # interleaved's warm-up runs each in order, so float32 has sampled what plain_forward scores
+    seconds = interleaved({**{name: sampler(name) for name in SETTINGS}, "plain_forward": plain_forward}, args.repeats)
     sampled = args.n * args.new_tokens
-    rates = {name: sampled / seconds[name] for name in runs}
+    rates = {name: sampled / seconds[name] for name in SETTINGS}
     cfg = EvalConfig()
     methods = [configured(name, cfg) for name in REGISTRY]  # a set per generation family and default strength
     sets = 1 + len({(m.generation_family, m.strength_value) for m in methods})
-    floor = sets * cfg.n * cfg.new_tokens / rates["float32_eval"] / 60
+    floor = sets * cfg.n * cfg.new_tokens / rates["eval_sampler"] / 60
     result = {
-        "settings": {**vars(args), "eval_batch": BATCH},
+        "settings": {**vars(args), "eval_batch": BATCH, "eval_sample_dtype": SAMPLE_DTYPE},
         "seconds": seconds,
         "sampled_tokens_per_s": rates,
         "plain_forward_tokens_per_s": args.n * (50 + args.new_tokens) / seconds["plain_forward"],
+        "completion_nll_float32_model": {name: nll(full, prompts, done[name]) for name in SETTINGS},
         "default_eval_sets": sets,
         "default_eval_generation_min": floor,
     }
+    nlls = result["completion_nll_float32_model"]
     write_result("generate_speed", result)
     print(
         "sampled tokens/s on this machine: "
         + ", ".join(f"{name} {rate:.0f}" for name, rate in rates.items())
-        + f" (a plain forward pass over prompt + completion: {result['plain_forward_tokens_per_s']:.0f} tokens/s). "
-        f"The default eval samples {sets} sets of {cfg.n} x {cfg.new_tokens} tokens: {floor:.0f} min at float32 "
-        f"batch {BATCH}, before any key, score or oracle"
+        + f" (a plain forward pass over prompt + completion: {result['plain_forward_tokens_per_s']:.0f} tokens/s); "
+        "the completions' NLL per token under the float32 model: "
+        + ", ".join(f"{k} {v['mean']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]" for k, v in nlls.items())
+        + f". The default eval samples {sets} sets of {cfg.n} x {cfg.new_tokens} tokens: {floor:.0f} min with its "
+        f"sampler ({SAMPLE_DTYPE}, batch {BATCH}), before any key, score or oracle"
     )
+
+
+@torch.inference_mode()
+def nll(model, prompts: list[list[int]], completions: list[list[int]], seed: int = 0) -> dict:
+    """Mean negative log-likelihood per completion token under ``model`` (prompt as context), with a 95% bootstrap
+    interval over texts."""
+    per_text = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        ids = torch.tensor([prompt + completion])
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        per_text.append(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :]).item())
+    values = np.array(per_text)
+    draws = np.random.default_rng(seed).choice(values, (2000, len(values))).mean(1)
+    return {"mean": float(values.mean()), "ci": [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))]}
 
 
 if __name__ == "__main__":

@@ -143,25 +143,21 @@ def own_ppl_reuse(r: dict) -> list[str]:
 
 
 def generate_speed(r: dict) -> list[str]:
-    s, rate = r["settings"], r["sampled_tokens_per_s"]
-    b = s["eval_batch"]
+    s, rate, nll = r["settings"], r["sampled_tokens_per_s"], r["completion_nll_float32_model"]
+    b, dtype = s["eval_batch"], s["eval_sample_dtype"]
+    said = lambda v: f"{v['mean']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"  # noqa: E731
     return [
         f"Sampling speed (`python benchmarks/generate_speed.py --n {s['n']} --new-tokens {s['new_tokens']}`), "
-        f"{s['n']} prompts of 50 tokens, {s['new_tokens']} new tokens: float32 {rate['float32_b32']:.0f} tokens/s at "
-        f"batch 32 (the eval's batch before) and {rate['float32_eval']:.0f} at batch {b} (the eval's batch now, "
-        f"{rate['float32_eval'] / rate['float32_b32']:.2f}x), bfloat16 {rate['bfloat16_eval']:.0f} at batch {b}; "
-        + (
-            f"`generate`'s own sampling (`torch.multinomial`, the eval's before its inverse-transform sampler) "
-            f"{rate['float32_eval_multinomial']:.0f} at batch {b} "
-            f"(the sampler: {rate['float32_eval'] / rate['float32_eval_multinomial']:.2f}x); "
-            if "float32_eval_multinomial" in rate
-            else ""
-        )
-        + f"a "
-        f"plain forward pass over the same tokens runs at {r['plain_forward_tokens_per_s']:.0f} tokens/s. The default "
-        f"eval samples {r['default_eval_sets']} completion sets of 200 x 200 tokens: "
-        f"{r['default_eval_generation_min']:.0f} min at float32 batch {b} for that stage alone, before any key, score "
-        "or oracle perplexity.",
+        f"{s['n']} prompts of 50 tokens, {s['new_tokens']} new tokens at the eval's batch {b}: the float32 model "
+        f"{rate['float32']:.0f} tokens/s, the model loaded in bfloat16 {rate['bfloat16_sdpa']:.0f} (PyTorch's "
+        f"scaled-dot-product attention), the eval's sampler (a copy cast to {dtype} with eager attention, "
+        f"`sample_dtype` 'fast' here) {rate['eval_sampler']:.0f} ({rate['eval_sampler'] / rate['float32']:.2f}x "
+        f"float32); a plain forward pass over the same tokens runs at {r['plain_forward_tokens_per_s']:.0f} "
+        "tokens/s. What each samples, scored by the float32 model (NLL per completion token, 95% bootstrap "
+        f"interval): float32 {said(nll['float32'])}, bfloat16 {said(nll['bfloat16_sdpa'])}, the eval's sampler "
+        f"{said(nll['eval_sampler'])}. The default eval samples {r['default_eval_sets']} completion sets of 200 x 200 "
+        f"tokens: {r['default_eval_generation_min']:.0f} min with its sampler for that stage alone, before any key, "
+        "score or oracle perplexity.",
     ]
 
 

@@ -196,7 +196,7 @@ def test_the_oracle_records_its_dtype_and_another_dtype_rescores_only_the_perple
     assert written("scores") == scores  # no detector ran again
 
 
-def test_the_detectors_decoder_dtype_is_recorded_resolved_and_a_run_from_before_it_scored_in_float32(
+def test_the_eval_dtypes_are_recorded_resolved_and_a_run_from_before_them_ran_in_float32(
     finished_run, model_dir, corpus_file, tmp_path
 ):
     import shutil
@@ -205,18 +205,24 @@ def test_the_detectors_decoder_dtype_is_recorded_resolved_and_a_run_from_before_
     from openstamp.models import fast_dtype
 
     out, results, methods = finished_run
-    assert results["config"]["score_dtype"] == fast_dtype("cpu")  # 'fast', as this machine resolves it
-    assert f"Detectors run their decoder in {fast_dtype('cpu')}" in (out / "report.md").read_text()
+    fields = ("score_dtype", "sample_dtype")
+    assert all(results["config"][name] == fast_dtype("cpu") for name in fields)  # 'fast', as this machine resolves it
+    report = (out / "report.md").read_text()
+    assert f"sampled in {fast_dtype('cpu')}" in report
+    assert f"Detectors run their decoder in {fast_dtype('cpu')}" in report
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
-    for name in ("config.json", "results.json"):  # a run made before the field existed
+    for name in ("config.json", "results.json"):  # a run made before the fields existed
         data = json.loads((copy / name).read_text())
-        (data.get("config", data)).pop("score_dtype")
+        for field in fields:
+            (data.get("config", data)).pop(field)
         (copy / name).write_text(json.dumps(data))
     assert open_eval(copy).cfg.score_dtype == "float32"  # attacks score its texts as its own scores were made
-    with pytest.raises(ValueError, match=re.escape("--set 'score_dtype=float32'")):
-        pipeline._check_config(tiny_eval(model_dir, corpus_file, methods, score_dtype="bfloat16"), copy)
-    pipeline._check_config(tiny_eval(model_dir, corpus_file, methods, score_dtype="float32"), copy)
+    as_made = {name: "float32" for name in fields}
+    for name in fields:
+        with pytest.raises(ValueError, match=re.escape(f"--set '{name}=float32'")):
+            pipeline._check_config(tiny_eval(model_dir, corpus_file, methods, **{**as_made, name: "bfloat16"}), copy)
+    pipeline._check_config(tiny_eval(model_dir, corpus_file, methods, **as_made), copy)
 
 
 def test_a_detector_marked_strength_free_scores_alike_at_every_strength(finished_run, model_dir, corpus_file):

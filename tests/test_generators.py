@@ -84,7 +84,7 @@ def test_eval_generation_set_uses_vllm_for_weight_level_sets_only(fake_vllm, mon
     from openstamp.evaluation.pipeline import generate_set
     from openstamp.generators import GeneratorChoice
 
-    cfg = types.SimpleNamespace(batch_size=2, new_tokens=5, temperature=1.0, top_p=1.0)
+    cfg = types.SimpleNamespace(batch_size=2, new_tokens=5, temperature=1.0, top_p=1.0, sample_dtype="float32")
     model, prompts = make_model(False, len(tokenizer)), [[5, 6], [7], [8, 9, 10]]
     vllm = GeneratorChoice("vllm", "test")
     ids = generate_set(tmp_path, "openstamp@1/s0", model, tokenizer, prompts, cfg, 0, None, False, vllm)

@@ -3,7 +3,7 @@ import torch
 from scipy.stats import chisquare
 
 from openstamp.generate import InverseCDFSampler, sample_completions
-from openstamp.models import load_model
+from openstamp.models import load_model, sampling_copy
 
 INF = float("inf")
 
@@ -44,3 +44,24 @@ def test_sampling_is_seeded_and_needs_a_positive_temperature(tiny_model_dir):
     assert all(len(ids) == 12 for ids in a)
     with pytest.raises(ValueError, match="temperature > 0"):
         InverseCDFSampler(temperature=0.0)
+
+
+def test_a_sampling_copy_is_the_model_cast_with_its_ties_and_leaves_the_model_alone(tiny_model_dir):
+    model, tok = load_model(str(tiny_model_dir))
+    assert sampling_copy(model, "float32") is model
+    head, attention = model.lm_head.weight.detach().clone(), model.config._attn_implementation
+    cast = sampling_copy(model, "bfloat16")
+    assert cast.dtype == torch.bfloat16 and model.dtype == torch.float32
+    assert torch.equal(model.lm_head.weight, head) and model.config._attn_implementation == attention
+    assert torch.equal(cast.lm_head.weight, head.to(torch.bfloat16))  # the weights as they are now, watermark too
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    assert (cast.lm_head.weight is cast.get_input_embeddings().weight) == tied
+    assert cast.config._attn_implementation == "eager"
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])  # a left-padded row beside a full one
+    mask = (ids != 0).long()
+    with torch.inference_mode():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        got = cast(input_ids=ids, attention_mask=mask).logits.float()
+    assert torch.allclose(got[mask.bool()], want[mask.bool()], atol=0.05 * want.abs().max().item())
+    out = sample_completions(cast, tok, [[5, 6, 7], [8, 9]], 6, seed=0, progress=False)
+    assert [len(row) for row in out] == [6, 6]

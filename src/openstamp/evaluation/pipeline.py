@@ -41,7 +41,7 @@ from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, autocast_decoder, reusing
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.methods.common import key_digest
-from openstamp.models import fast_dtype, load_model
+from openstamp.models import fast_dtype, load_model, sampling_copy
 from openstamp.patch import tensor_sha256
 from openstamp.storage import atomic_write_json, changed_fields, changed_settings, differences, read_json
 from openstamp.text import prompt_windows
@@ -64,8 +64,9 @@ def run_eval(
     log.info("generator: %s (%s)", choice.name, choice.reason)
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
-    if cfg.score_dtype == "fast":  # recorded as the dtype it is here: a run resumed elsewhere scores alike or stops
-        cfg = dataclasses.replace(cfg, score_dtype=fast_dtype(cfg.device))
+    for name in ("score_dtype", "sample_dtype"):  # recorded as resolved: a run resumed elsewhere runs alike or stops
+        if getattr(cfg, name) == "fast":
+            cfg = dataclasses.replace(cfg, **{name: fast_dtype(cfg.device)})
     _check_lengths(cfg)
     _check_config(cfg, out)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
@@ -329,7 +330,8 @@ def generate_set(
     With a vLLM ``generator`` and no logits processor (a weight-level watermark or none), the
     model as it is now is saved and the missing batches are sampled by vLLM in one call. With a ``store``,
     a batch is taken from it where kept, and kept there once sampled; ``made`` says what else makes the set
-    (the method's settings and its key files' digest; [None] for the unwatermarked model).
+    (the method's settings and its key files' digest; [None] for the unwatermarked model). Transformers samples
+    from a copy of the model cast to ``cfg.sample_dtype`` (:func:`openstamp.models.sampling_copy`).
     """
     directory = out / "generations" / name
     directory.mkdir(parents=True, exist_ok=True)
@@ -337,10 +339,12 @@ def generate_set(
     if vllm:
         _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed)
     store = None if vllm else store
+    sampling = [cfg.new_tokens, cfg.temperature, cfg.top_p] + ([cfg.sample_dtype] * (cfg.sample_dtype != "float32"))
+    sampler = None  # the model cast to sample_dtype, made once a batch needs sampling
     completions: list[list[int]] = []
     for b, start in enumerate(range(0, len(prompts), cfg.batch_size)):
         path = directory / f"b{b:04d}.json"
-        batch, sampling = prompts[start : start + cfg.batch_size], [cfg.new_tokens, cfg.temperature, cfg.top_p]
+        batch = prompts[start : start + cfg.batch_size]
         ident = None
         if store is not None and not path.exists():  # digest only what the run folder lacks
             ident = digest("generation", made, store.made_from["model"], batch, sampling, seed * 100_003 + b)
@@ -349,8 +353,9 @@ def generate_set(
         if not path.exists():
             if progress:
                 log.info("generating %s: batch %d of %d", name, b + 1, -(-len(prompts) // cfg.batch_size))
+            sampler = sampler or sampling_copy(model, cfg.sample_dtype)
             ids = sample_completions(
-                model,
+                sampler,
                 tokenizer,
                 batch,
                 cfg.new_tokens,

@@ -213,15 +213,17 @@ def write_report(out: Path) -> Path:
     results = read_json(out / "results.json", "results file")
     cfg = results["config"]
     plots = _plots(out, results)
+    recorded = EvalConfig.recorded(cfg)
     lines = [
         "# OpenStamp evaluation",
         "",
         f"Model `{cfg['model']}`; {cfg['n']} prompts of {cfg['prompt_tokens']} tokens from `{cfg['corpus']}` "
         f"(never from the documents that built the keys, `{cfg['key_corpus']}`); completions of "
-        f"{cfg['new_tokens']} tokens, temperature {cfg['temperature']}, top-p {cfg['top_p']}; seeds "
-        f"{', '.join(map(str, cfg['seeds']))}. Detection scores the completion alone, as decoded text. "
+        f"{cfg['new_tokens']} tokens, temperature {cfg['temperature']}, top-p {cfg['top_p']}, sampled in "
+        f"{recorded['sample_dtype']}; seeds {', '.join(map(str, cfg['seeds']))}. Detection scores the completion "
+        "alone, as decoded text. "
         "Negatives are the human continuations (primary) and unwatermarked completions of the same prompts. "
-        f"Detectors run their decoder in {EvalConfig.recorded(cfg)['score_dtype']} (their statistics in float32). "
+        f"Detectors run their decoder in {recorded['score_dtype']} (their statistics in float32). "
         f"Perplexity oracle: `{cfg['oracle']}` in {' and '.join(oracle_dtypes(results))} (its own tokenizer); "
         "PPL ratio is the median over prompts of "
         "watermarked / unwatermarked perplexity.",
