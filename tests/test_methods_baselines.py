@@ -14,7 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
-from openstamp.hidden import final_hidden
+from openstamp.hidden import autocast_decoder, final_hidden
 from openstamp.methods import REGISTRY, Carrier, create
 from openstamp.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
 from openstamp.methods.gaussmark import gradient_projection, up_proj
@@ -287,6 +287,10 @@ def test_gaussmark_batched_projection_matches_autograd(env):
         assert math.isclose(inner[i], float((method.noise.double() * g).sum()), rel_tol=1e-4, abs_tol=1e-6)
         assert math.isclose(norm_sq[i], float(g.pow(2).sum()), rel_tol=1e-4)
     assert all(p.requires_grad for p in env.base.parameters())  # gradient flags are restored
+    with autocast_decoder("bfloat16"):  # as the eval scores: the decoder in bfloat16, the head in float32
+        half_inner, half_sq = gradient_projection(env.base, 1, method.noise, ids, mask, scored_mask(mask, 1))
+    assert half_inner.dtype == torch.float64
+    assert torch.allclose(half_inner / half_sq.sqrt(), inner / norm_sq.sqrt(), atol=0.05)  # the z-scores
 
 
 def test_gaussmark_rejects_a_missing_block(env):
