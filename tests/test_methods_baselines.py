@@ -16,6 +16,7 @@ from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
 from openstamp.hidden import autocast_decoder, final_hidden
 from openstamp.methods import REGISTRY, Carrier, create
+from openstamp.methods.base import score_dicts
 from openstamp.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
 from openstamp.methods.gaussmark import gradient_projection, up_proj
 from openstamp.methods.kgw import _DOMAIN as KGW_DOMAIN
@@ -350,6 +351,20 @@ def test_kgw_llr_matches_a_full_softmax_reference(env):
     chunked = method.with_strength(1.4)
     chunked.config = dataclasses.replace(chunked.config, chunk=7)  # several blocks
     assert math.isclose(chunked.score(env.base, env.tok, env.plain[:1])[0].score, result.score, rel_tol=1e-5)
+
+
+def test_kgw_llr_scores_every_strength_of_a_key_from_one_pass_of_its_key_statistics(env, monkeypatch):
+    method, texts = built(env, "kgw-llr"), env.plain[:6]
+    assert method.shares_statistics and not method.scores_ignore_strength
+    scored = lambda d: method.with_strength(d).score(env.base, env.tok, texts, 4)  # noqa: E731
+    direct = {d: [dataclasses.asdict(s) for s in scored(d)] for d in (0.5, 2.0)}
+    assert direct[0.5] != direct[2.0]
+    passes, real = [], type(method)._batch_green
+    monkeypatch.setattr(type(method), "_batch_green", lambda self, *a: passes.append(1) or real(self, *a))
+    memo: dict = {}
+    for delta in (0.5, 2.0):
+        assert score_dicts(method.with_strength(delta), env.base, env.tok, texts, 4, memo) == direct[delta]
+    assert len(passes) == 2 and len(memo) == len(set(texts))  # 6 texts in batches of 4, for the first strength only
 
 
 # -- plumbing -----------------------------------------------------------------------------------

@@ -137,8 +137,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageCloc
                     finally:
                         if variant.carrier is Carrier.WEIGHTS:
                             variant.revert(model)
-                    shared = variant.scores_ignore_strength and not variant.key_per_strength
-                    memo = memos.setdefault((name, seed), {}) if shared else None
+                    memo = memos.setdefault((name, seed), {}) if variant.shares_statistics else None
                     with clock.stage("score"), reusing(hidden), autocast_decoder(cfg.score_dtype):
                         score_run(out, run, gen_name, variant, model, tokenizer, windows, seed, cfg, memo)
                     with clock.stage("lengths"), reusing(hidden), autocast_decoder(cfg.score_dtype):

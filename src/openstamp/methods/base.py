@@ -61,6 +61,8 @@ class WatermarkMethod(ABC):
     was built with (where that is not today's default), so the eval refuses such a key under other settings.
     ``scores_ignore_strength`` marks a detector that reads the key alone, never the strength (GaussMark's gradient
     projection, KGW's z-test): a text scores alike at every strength of one key, so a sweep scores its negatives once.
+    A detector that reads its strength only at the end (KGW+LLR) says so by ``shares_statistics`` and splits its
+    score into ``key_statistics`` (the key alone) and ``score_from_statistics`` (the strength).
     """
 
     name: ClassVar[str]
@@ -80,6 +82,12 @@ class WatermarkMethod(ABC):
     @property
     def strength_value(self) -> float:
         return float(getattr(self.config, self.strength))
+
+    @property
+    def shares_statistics(self) -> bool:
+        """Whether one memo of ``key_statistics`` per key serves every strength of it in a sweep: by default where the
+        scores ignore the strength and the strengths share one key."""
+        return self.scores_ignore_strength and not self.key_per_strength
 
     @property
     def keeps_hidden(self) -> bool:
@@ -141,6 +149,17 @@ class WatermarkMethod(ABC):
     ) -> list[MethodScore]:
         """Score texts (completions only, no prompt) with the original model ``base``."""
 
+    def key_statistics(
+        self, base: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], batch_size: int = 16
+    ) -> list[Any]:
+        """What scoring each text takes from the key alone, whatever the strength (``shares_statistics``); by
+        default its score as a dict."""
+        return [asdict(s) for s in self.score(base, tokenizer, texts, batch_size)]
+
+    def score_from_statistics(self, statistics: Any) -> dict:
+        """A text's score, as a dict, from its ``key_statistics`` at this instance's strength."""
+        return statistics
+
     def describe(self) -> dict[str, Any]:
         """Settings for reports: the method name and its config."""
         return {"method": self.name, **dataclasses.asdict(self.config)}
@@ -149,16 +168,16 @@ class WatermarkMethod(ABC):
 def score_dicts(
     method: WatermarkMethod, model, tokenizer, texts: list[str], batch: int = 16, memo: dict | None = None
 ) -> list[dict]:
-    """The method's scores of ``texts``, as dicts. ``memo`` (text -> scores) holds what another strength of the same
-    key scored, for a method whose scores ignore the strength (``scores_ignore_strength``): only the texts it lacks
-    are scored, and kept there."""
+    """The method's scores of ``texts``, as dicts. ``memo`` (text -> ``key_statistics``) holds what another strength
+    of the same key computed, for a method that ``shares_statistics``: only the texts it lacks are computed, and kept
+    there."""
     if memo is None:
         return [asdict(s) for s in method.score(model, tokenizer, texts, batch)]
     todo = list(dict.fromkeys(t for t in texts if t not in memo))
     if todo:
-        for text, score in zip(todo, method.score(model, tokenizer, todo, batch), strict=True):
-            memo[text] = asdict(score)
-    return [memo[t] for t in texts]
+        for text, stats in zip(todo, method.key_statistics(model, tokenizer, todo, batch), strict=True):
+            memo[text] = stats
+    return [method.score_from_statistics(memo[t]) for t in texts]
 
 
 def register(cls: type[WatermarkMethod]) -> type[WatermarkMethod]:

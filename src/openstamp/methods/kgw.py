@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -183,20 +183,24 @@ class KGWLLRConfig(KGWConfig):
             raise ValueError(f"chunk must be at least 1, got {self.chunk}")
 
 
-def green_llr(logits: torch.Tensor, green: torch.Tensor, targets: torch.Tensor, delta: float) -> torch.Tensor:
-    """Per-token LLR of the KGW-biased to the plain distribution.
+def green_statistics(logits: torch.Tensor, green: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What the LLR takes from the key alone.
 
     Args:
         logits: (N, |V|) original logits.
         green: bool (N, |V|), the green list of each position.
         targets: long (N,), the observed tokens.
-        delta: the KGW bias.
 
     Returns:
-        float32 (N,): ``delta [target green] - log(1 + (e^delta - 1) p(G))``.
+        float32 (N,) green mass ``p(G)`` under the original model, and (N,) hit ``[target green]``.
     """
     mass = (torch.softmax(logits.float(), -1) * green).sum(-1)
-    hit = green.gather(-1, targets[:, None]).squeeze(-1).float()
+    return mass, green.gather(-1, targets[:, None]).squeeze(-1).float()
+
+
+def green_llr(mass: torch.Tensor, hit: torch.Tensor, delta: float) -> torch.Tensor:
+    """Per-token LLR of the KGW-biased (bias ``delta``) to the plain distribution:
+    ``delta hit - log(1 + (e^delta - 1) p(G))``."""
     return delta * hit - torch.log1p(math.expm1(delta) * mass)
 
 
@@ -206,33 +210,47 @@ class KGWLLR(KGW):
     config_class = KGWLLRConfig
     sweep = (0.5, 0.7, 1.0, 1.2, 1.4, 1.5, 1.7)  # from the paper's 0.5..1.7 grid; 1.4 is representative
     scores_ignore_strength = False  # the LLR reads delta
+    shares_statistics = True  # but only at the end: a token's green mass and hit read the key alone
 
     def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
+        stats = self.key_statistics(base, tokenizer, texts, batch_size)
+        return [MethodScore(**self.score_from_statistics(s)) for s in stats]
+
+    def key_statistics(self, base, tokenizer, texts, batch_size=16) -> list[dict]:
+        """Per text ``n_tokens`` and, where it has ``min_tokens``, each scored token's green mass p(G) and hit
+        (float32 tensors)."""
         seqs, _, _ = scored_sequences(tokenizer, texts)
         start = len(bos_prefix(tokenizer)) + 1  # first token whose predecessor is in the text
         counts = [max(len(s) - start, 0) for s in seqs]
-        results = [MethodScore(None, None, c) for c in counts]
+        results = [{"n_tokens": c} for c in counts]
         todo = sorted((i for i, c in enumerate(counts) if c >= self.config.min_tokens), key=lambda i: -len(seqs[i]))
         for b in range(0, len(todo), batch_size):
             batch = todo[b : b + batch_size]
-            per_token = self._batch_llr(base, [seqs[i] for i in batch], start, tokenizer.pad_token_id or 0)
-            for i, llr in zip(batch, per_token, strict=True):
-                results[i] = MethodScore(float(llr.mean()), None, counts[i])
+            per_token = self._batch_green(base, [seqs[i] for i in batch], start, tokenizer.pad_token_id or 0)
+            for i, (mass, hit) in zip(batch, per_token, strict=True):
+                results[i].update(mass=mass, hit=hit)
         return results
 
+    def score_from_statistics(self, statistics: dict) -> dict:
+        if "mass" not in statistics:
+            return asdict(MethodScore(None, None, statistics["n_tokens"]))
+        llr = green_llr(statistics["mass"], statistics["hit"], self.config.delta)
+        return asdict(MethodScore(float(llr.mean()), None, statistics["n_tokens"]))
+
     @torch.inference_mode()
-    def _batch_llr(self, base, seqs: list[list[int]], start: int, pad: int) -> list[torch.Tensor]:
-        """One decoder forward for the batch; per-token LLRs (float32 (n_i,)) of each sequence."""
+    def _batch_green(self, base, seqs: list[list[int]], start: int, pad: int) -> list[tuple[torch.Tensor, ...]]:
+        """One decoder forward for the batch; each sequence's per-token green mass and hit (float32 (n_i,))."""
         device = model_device(base)
         ids, mask = right_padded(seqs, pad)
         hidden = final_hidden(base, ids.to(device), mask.to(device))  # (B, T, d)
         rows = torch.cat([torch.full((len(s) - start,), i) for i, s in enumerate(seqs)])
         cols = torch.cat([torch.arange(start, len(s)) for s in seqs])
         prevs, targets = ids[rows, cols - 1], ids[rows, cols]
-        llr = torch.empty(len(rows))
+        mass, hit = torch.empty(len(rows)), torch.empty(len(rows))
         for c in range(0, len(rows), self.config.chunk):
             part = slice(c, c + self.config.chunk)
             logits = head(base)(hidden[rows[part].to(device), (cols[part] - 1).to(device)])
             green = self.greens.rows(prevs[part].tolist()).to(device)
-            llr[part] = green_llr(logits, green, targets[part].to(device), self.config.delta).cpu()
-        return list(llr.split([len(s) - start for s in seqs]))
+            mass[part], hit[part] = (t.cpu() for t in green_statistics(logits, green, targets[part].to(device)))
+        sizes = [len(s) - start for s in seqs]
+        return list(zip(mass.split(sizes), hit.split(sizes), strict=True))
