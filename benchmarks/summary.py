@@ -467,21 +467,33 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     return [line + f" TPR@1%FPR in this run: {tprs} (one seed, default strengths: near saturation, as above)."]
 
 
-def sweep_timed(r: dict) -> list[str]:
-    """One seed of the Pareto sweep from a cold start (``reference_runs.sh sweep_timed``), against the 3-h goal."""
+def sweep_timed(r: dict, before: dict | None = None) -> list[str]:
+    """One seed of the Pareto sweep from a cold start (``reference_runs.sh sweep_timed``), against the 3-h goal;
+    ``before``: an earlier timed seed (``sweep_timed/float32_sampling/``), stage by stage."""
     from openstamp.evaluation.report import timing_lines
 
     t, cfg = r["timings_s"], r["config"]
     seeds = 3  # the sweep's seeds (reference_runs.sh sweep)
     methods = list(dict.fromkeys(run["method"] for run in r["runs"]))
-    return [
+    dtypes = lambda c: {k: EvalConfig.recorded(c)[k] for k in ("sample_dtype", "score_dtype")}  # noqa: E731
+    said = lambda c: f"sampled in {dtypes(c)['sample_dtype']}, detectors' decoders in {dtypes(c)['score_dtype']}"  # noqa: E731
+    lines = [
         f"One seed of the Pareto sweep from a cold start (`bash benchmarks/reference_runs.sh sweep_timed`: the sweep's "
         f"command for seed {cfg['seeds'][0]}, {len(r['runs'])} runs of {len(methods)} methods, n {cfg['n']}, "
-        f"{cfg['new_tokens']} new tokens, a new run folder and an empty eval store; detectors' decoders in "
-        f"{EvalConfig.recorded(cfg)['score_dtype']}, the oracle in {' and '.join(oracle_dtypes(r))}), measured on "
+        f"{cfg['new_tokens']} new tokens, a new run folder and an empty eval store; {said(cfg)}, the oracle in "
+        f"{' and '.join(oracle_dtypes(r))}), measured on "
         f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** recorded; its {seeds} seeds at this pace take about "
         f"{seeds * t['total'] / 60:.0f} min, against the issue's goal of 3 h (180 min). " + timing_lines(t)[0]
     ]
+    if before is not None:
+        b = before["timings_s"]
+        stages = ", ".join(f"{k} {b['stages'].get(k, 0):.0f} -> {v:.0f} s" for k, v in t["stages"].items())
+        lines[0] += (
+            f" Against the same command timed on {before['created'][:10]} with the code before "
+            f"(`benchmarks/results/sweep_timed/float32_sampling/`: {said(before['config'])}, every strength's "
+            f"negatives scored again): {stages}; {b['total'] / 60:.0f} -> {t['total'] / 60:.0f} min."
+        )
+    return lines
 
 
 def sweep_memo(r: dict) -> list[str]:
@@ -498,8 +510,8 @@ def sweep_memo(r: dict) -> list[str]:
     )
     return [
         "The sweep scores the negatives of a detector that reads its key alone, never the strength (GaussMark, KGW, "
-        "Unremovable, SIR: `scores_ignore_strength`), once per key (`python benchmarks/sweep_memo.py`: the timed "
-        f"seed above, which ran without it, those methods' {r['runs']} score and length files deleted and scored "
+        "Unremovable, SIR: `scores_ignore_strength`), once per key (`python benchmarks/sweep_memo.py`: the earlier "
+        f"timed seed, which ran without it, those methods' {r['runs']} score and length files deleted and scored "
         f"again): {parts}; "
         f"together **{t['before']:.0f} -> {t['after']:.0f} s** a seed. Against the first run, {moved}. SIR's "
         "differences are its own: it embeds the contexts its cache lacks in one batch, so what it generated and "
@@ -672,7 +684,7 @@ def render() -> str:
     if (timed := load("eval_timed/results")) is not None:
         out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None) + [""]
     if (timed := load("sweep_timed/results")) is not None:
-        out += sweep_timed(timed) + [""]
+        out += sweep_timed(timed, load("sweep_timed/float32_sampling/results")) + [""]
     if (memo := load("sweep_memo")) is not None:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
