@@ -352,7 +352,8 @@ def generate_set(
         if not path.exists():
             if progress:
                 log.info("generating %s: batch %d of %d", name, b + 1, -(-len(prompts) // cfg.batch_size))
-            sampler = sampler or sampling_copy(model, cfg.sample_dtype)
+            if sampler is None:
+                sampler = sampling_copy(model, cfg.sample_dtype)
             ids = sample_completions(
                 sampler,
                 tokenizer,
