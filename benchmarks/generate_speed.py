@@ -24,6 +24,8 @@ from common import heldout_windows, interleaved, write_result
 
 from openstamp import load_model
 from openstamp.config import EvalConfig
+from openstamp.evaluation.metrics import bootstrap_ci
+from openstamp.evaluation.own_ppl import window_nll
 from openstamp.evaluation.pipeline import configured
 from openstamp.generate import sample_completions
 from openstamp.methods import REGISTRY
@@ -94,18 +96,12 @@ def main() -> None:
     )
 
 
-@torch.inference_mode()
-def nll(model, prompts: list[list[int]], completions: list[list[int]], seed: int = 0) -> dict:
+def nll(model, prompts: list[list[int]], completions: list[list[int]]) -> dict:
     """Mean negative log-likelihood per completion token under ``model`` (prompt as context), with a 95% bootstrap
     interval over texts."""
-    per_text = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        ids = torch.tensor([prompt + completion])
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        per_text.append(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :]).item())
-    values = np.array(per_text)
-    draws = np.random.default_rng(seed).choice(values, (2000, len(values))).mean(1)
-    return {"mean": float(values.mean()), "ci": [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))]}
+    with torch.inference_mode():
+        per_text = window_nll(model, list(zip(prompts, completions, strict=True)), batch_size=32)
+    return {"mean": float(np.mean(per_text)), "ci": list(bootstrap_ci(per_text))}
 
 
 if __name__ == "__main__":

@@ -475,8 +475,8 @@ def sweep_timed(r: dict, before: dict | None = None) -> list[str]:
     t, cfg = r["timings_s"], r["config"]
     seeds = 3  # the sweep's seeds (reference_runs.sh sweep)
     methods = list(dict.fromkeys(run["method"] for run in r["runs"]))
-    dtypes = lambda c: {k: EvalConfig.recorded(c)[k] for k in ("sample_dtype", "score_dtype")}  # noqa: E731
-    said = lambda c: f"sampled in {dtypes(c)['sample_dtype']}, detectors' decoders in {dtypes(c)['score_dtype']}"  # noqa: E731
+    template = "sampled in {sample_dtype}, detectors' decoders in {score_dtype}"
+    said = lambda c: template.format_map(EvalConfig.recorded(c))  # noqa: E731
     lines = [
         f"One seed of the Pareto sweep from a cold start (`bash benchmarks/reference_runs.sh sweep_timed`: the sweep's "
         f"command for seed {cfg['seeds'][0]}, {len(r['runs'])} runs of {len(methods)} methods, n {cfg['n']}, "
