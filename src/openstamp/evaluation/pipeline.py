@@ -338,7 +338,9 @@ def generate_set(
     if vllm:
         _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed)
     store = None if vllm else store
-    sampling = [cfg.new_tokens, cfg.temperature, cfg.top_p] + ([cfg.sample_dtype] * (cfg.sample_dtype != "float32"))
+    sampling = [cfg.new_tokens, cfg.temperature, cfg.top_p]
+    if cfg.sample_dtype != "float32":  # float32 batches keep the digest they had before the field
+        sampling.append(cfg.sample_dtype)
     sampler = None  # the model cast to sample_dtype, made once a batch needs sampling
     completions: list[list[int]] = []
     for b, start in enumerate(range(0, len(prompts), cfg.batch_size)):
