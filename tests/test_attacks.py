@@ -382,3 +382,36 @@ def test_attack_cli(eval_dir, tmp_path):
         app, ["attack", "quantize", "--eval", str(eval_dir), "--scheme", "int3", "--out", str(tmp_path / "q")]
     )
     assert bad.exit_code == 2 and "schemes" in bad.output
+
+
+def test_attack_options_default_to_their_settings():
+    """Each attack command builds its settings from its parameters of the same names, so an option's default must
+    be the settings' own (a comma-separated option: the same values)."""
+    import inspect
+    from dataclasses import fields
+
+    from openstamp.attacks.instruct import InstructConfig
+    from openstamp.attacks.merge import MergeConfig
+    from openstamp.attacks.prune import PruneConfig
+    from openstamp.cli import attack, durability
+
+    commands = {
+        attack.paraphrase: ParaphraseConfig,
+        attack.finetune: FinetuneConfig,
+        attack.quantize: QuantizeConfig,
+        attack.reinit_head: ReinitConfig,
+        attack.edit: EditConfig,
+        attack.selector_inversion: InversionConfig,
+        durability.merge: MergeConfig,
+        durability.prune: PruneConfig,
+        durability.instruct: InstructConfig,
+    }
+    spelled = lambda value: ",".join(map(str, value)) if isinstance(value, tuple) else value  # noqa: E731
+    checked = 0
+    for command, settings in commands.items():
+        defaults = {f.name: f.default for f in fields(settings)}
+        for param in inspect.signature(command).parameters.values():
+            if param.name in defaults:
+                assert param.default.default == spelled(defaults[param.name]), (command.__name__, param.name)
+                checked += 1
+    assert checked >= 60

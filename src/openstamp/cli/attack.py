@@ -6,8 +6,11 @@ Each subcommand reads a finished ``openstamp eval`` run (``--eval``), writes its
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -25,10 +28,30 @@ attack_app = typer.Typer(
 EvalOption = typer.Option(..., "--eval", help="a run directory written by `openstamp eval`")
 MethodsOption = typer.Option(None, help="comma-separated methods to attack (default: all in the eval run)")
 QuietOption = typer.Option(False, help="less output")
+# the training attacks' shared settings (openstamp.training.TrainConfig): finetune and instruct
+TrainStepsOption = typer.Option(300, help="optimizer steps")
+TrainEveryOption = typer.Option(50, help="generate and detect every this many steps")
+TrainLrOption = typer.Option(1e-4, help="peak learning rate")
+TrainOptimizerOption = typer.Option("adafactor", help="adafactor or adamw")
+TrainPromptsOption = typer.Option(64, help="eval prompts completed at each checkpoint")
 
 
 def _methods(text: str | None) -> tuple[str, ...] | None:
     return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
+
+
+def _settings(cls: type, params: dict[str, Any], **converted: Any) -> Any:
+    """The attack's settings dataclass from the command's parameters of the same names (its ``locals()``);
+    ``converted`` gives the fields whose option is spelled otherwise (a comma-separated list, a renamed flag)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in params.items() if name in names} | converted)
+
+
+def _run(run: Callable[..., Any], eval_dir: Path, out_dir: Path, cfg: Any, quiet: bool) -> None:
+    """An attack on an eval run (``run(eval_dir, out_dir, cfg, progress=...)``), timed, its section printed."""
+    start = time.perf_counter()
+    run(eval_dir, out_dir, cfg, progress=not quiet)
+    _finish(out_dir, start, eval_dir)
 
 
 def _finish(out_dir: Path, start: float, eval_dir: Path | None) -> None:
@@ -62,22 +85,8 @@ def paraphrase(
     from openstamp.attacks.paraphrase import ParaphraseConfig, run_paraphrase
 
     setup_logging(quiet)
-    cfg = ParaphraseConfig(
-        paraphraser=paraphraser,
-        prompt=prompt,
-        n=n,
-        beams=beams,
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        methods=_methods(methods),
-        dtype=dtype,
-        device=device,
-    )
-    start = time.perf_counter()
-    run_paraphrase(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    cfg = _settings(ParaphraseConfig, locals(), methods=_methods(methods))
+    _run(run_paraphrase, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -88,13 +97,13 @@ def finetune(
     mode: str = typer.Option("lora", help="lora (rank 16 on blocks + lm_head), full, or head (lm_head only)"),
     corpus: str = typer.Option("wikipedia", help="training text"),
     part: str = typer.Option("key", help="hash half of the corpus: key, heldout or all"),
-    steps: int = typer.Option(300, help="optimizer steps"),
-    every: int = typer.Option(50, help="generate and detect every this many steps"),
+    steps: int = TrainStepsOption,
+    every: int = TrainEveryOption,
     batch_size: int = typer.Option(4, help="sequences per step"),
     seq_len: int = typer.Option(128, help="tokens per sequence"),
-    lr: float = typer.Option(1e-4, help="peak learning rate"),
-    optimizer: str = typer.Option("adafactor", help="adafactor or adamw"),
-    n: int = typer.Option(64, help="eval prompts completed at each checkpoint"),
+    lr: float = TrainLrOption,
+    optimizer: str = TrainOptimizerOption,
+    n: int = TrainPromptsOption,
     seed: int = typer.Option(0, help="seed for the data order and dropout"),
     methods: str | None = MethodsOption,
     quiet: bool = QuietOption,
@@ -103,23 +112,8 @@ def finetune(
     from openstamp.attacks.finetune import FinetuneConfig, run_finetune
 
     setup_logging(quiet)
-    cfg = FinetuneConfig(
-        mode=mode,
-        corpus=corpus,
-        part=part,
-        steps=steps,
-        every=every,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        optimizer=optimizer,
-        n=n,
-        seed=seed,
-        methods=_methods(methods),
-    )
-    start = time.perf_counter()
-    run_finetune(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    cfg = _settings(FinetuneConfig, locals(), methods=_methods(methods))
+    _run(run_finetune, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -147,16 +141,10 @@ def quantize(
 
     setup_logging(quiet)
     schemes = tuple(s.strip().lower() for s in scheme.split(",") if s.strip())
-    cfg = QuantizeConfig(
-        schemes=schemes,
-        head="quantized" if include_head else head,
-        backend=backend,
-        n=n,
-        methods=_methods(methods),
+    cfg = _settings(
+        QuantizeConfig, locals(), schemes=schemes, head="quantized" if include_head else head, methods=_methods(methods)
     )
-    start = time.perf_counter()
-    run_quantize(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    _run(run_quantize, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command("reinit-head")
@@ -184,16 +172,7 @@ def reinit_head(
     from openstamp.attacks.reinit import ReinitConfig, run_reinit
 
     setup_logging(quiet)
-    cfg = ReinitConfig(
-        corpus=corpus,
-        steps=steps,
-        every=every,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        train_windows=train_windows,
-        eval_windows=eval_windows,
-    )
+    cfg = _settings(ReinitConfig, locals())
     eval_path = optional_eval(eval_dir)
     start = time.perf_counter()
     run_reinit(model, out_dir, cfg, eval_path, dtype=dtype, device=device, progress=not quiet)
@@ -216,10 +195,8 @@ def edit(
     from openstamp.attacks.edits import EditConfig, run_edit
 
     setup_logging(quiet)
-    cfg = EditConfig(delete=delete, substitute=substitute, insert=insert, seed=seed, methods=_methods(methods))
-    start = time.perf_counter()
-    run_edit(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    cfg = _settings(EditConfig, locals(), methods=_methods(methods))
+    _run(run_edit, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command("selector-inversion")
@@ -245,14 +222,12 @@ def selector_inversion(
 
     setup_logging(quiet)
     split = lambda text: tuple(v.strip() for v in text.split(",") if v.strip())  # noqa: E731
-    cfg = InversionConfig(
+    cfg = _settings(
+        InversionConfig,
+        locals(),
         corpora=split(corpora),
         seeds=tuple(int(s) for s in split(seeds)),
         test_corpora=split(test_corpora),
-        n_lists=n_lists,
-        n_states=n_states,
-        n_test=n_test,
-        projection=projection,
     )
     eval_path = optional_eval(eval_dir)
     if model is None:

@@ -7,12 +7,24 @@ eval's report.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
 
-from openstamp.cli.attack import EvalOption, MethodsOption, QuietOption, _finish, _methods, attack_app
+from openstamp.cli.attack import (
+    EvalOption,
+    MethodsOption,
+    QuietOption,
+    TrainEveryOption,
+    TrainLrOption,
+    TrainOptimizerOption,
+    TrainPromptsOption,
+    TrainStepsOption,
+    _methods,
+    _run,
+    _settings,
+    attack_app,
+)
 from openstamp.cli.common import friendly_errors, numbers, setup_logging
 
 
@@ -43,21 +55,8 @@ def merge(
     from openstamp.attacks.merge import MergeConfig, run_merge
 
     setup_logging(quiet)
-    cfg = MergeConfig(
-        with_model=with_model,
-        merges=_names(method),
-        t=numbers(t, "t"),
-        task_t=task_t,
-        density=density,
-        seed=seed,
-        n=n,
-        ppl_windows=ppl_windows,
-        seq_len=seq_len,
-        methods=_methods(methods),
-    )
-    start = time.perf_counter()
-    run_merge(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    cfg = _settings(MergeConfig, locals(), merges=_names(method), t=numbers(t, "t"), methods=_methods(methods))
+    _run(run_merge, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -80,20 +79,14 @@ def prune(
     from openstamp.attacks.prune import PruneConfig, run_prune
 
     setup_logging(quiet)
-    cfg = PruneConfig(
+    cfg = _settings(
+        PruneConfig,
+        locals(),
         pruner=method.strip().lower(),
         sparsities=numbers(sparsity, "sparsity"),
-        include_head=include_head,
-        calibration=calibration,
-        calibration_windows=calibration_windows,
-        seq_len=seq_len,
-        n=n,
-        ppl_windows=ppl_windows,
         methods=_methods(methods),
     )
-    start = time.perf_counter()
-    run_prune(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    _run(run_prune, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -107,13 +100,13 @@ def instruct(
     corpora: str = typer.Option("news,wikipedia", help="packaged corpora of the offline set"),
     examples: int = typer.Option(256, help="examples built or read (at most)"),
     mode: str = typer.Option("lora", help="lora (rank 16 on blocks + lm_head) or full"),
-    steps: int = typer.Option(300, help="optimizer steps"),
-    every: int = typer.Option(50, help="generate and detect every this many steps"),
+    steps: int = TrainStepsOption,
+    every: int = TrainEveryOption,
     batch_size: int = typer.Option(4, help="examples per step"),
     seq_len: int = typer.Option(128, help="tokens per example (prompt + response, truncated)"),
-    lr: float = typer.Option(1e-4, help="peak learning rate"),
-    optimizer: str = typer.Option("adafactor", help="adafactor or adamw"),
-    n: int = typer.Option(64, help="eval prompts completed at each checkpoint"),
+    lr: float = TrainLrOption,
+    optimizer: str = TrainOptimizerOption,
+    n: int = TrainPromptsOption,
     seed: int = typer.Option(0, help="seed for the data order, dropout and the offline set"),
     methods: str | None = MethodsOption,
     quiet: bool = QuietOption,
@@ -122,21 +115,5 @@ def instruct(
     from openstamp.attacks.instruct import InstructConfig, run_instruct
 
     setup_logging(quiet)
-    cfg = InstructConfig(
-        data=data,
-        corpora=corpora,
-        examples=examples,
-        mode=mode,
-        steps=steps,
-        every=every,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        optimizer=optimizer,
-        n=n,
-        seed=seed,
-        methods=_methods(methods),
-    )
-    start = time.perf_counter()
-    run_instruct(eval_dir, out_dir, cfg, progress=not quiet)
-    _finish(out_dir, start, eval_dir)
+    cfg = _settings(InstructConfig, locals(), methods=_methods(methods))
+    _run(run_instruct, eval_dir, out_dir, cfg, quiet)
