@@ -57,9 +57,9 @@ SWEEP=(--model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaus
 
 sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, n 200 per point. Each seed
-  # runs in its own folder (a shard: 99 to 124 min on 2 CPU cores with the code of 2026-11-25, timings_s in its
-  # results.json; sweep_timed below times one with today's), so seeds can run in separate sessions or on separate
-  # machines; a finished seed is kept with its scores under
+  # runs in its own folder (a shard: 62 to 70 min on 2 CPU cores with the code of 2026-11-26, timings_s in its
+  # results.json; sweep_timed below times seed 0 from an empty store), so seeds can run in separate sessions or on
+  # separate machines; a finished seed is kept with its scores under
   # benchmarks/results/sweep/seeds/, and once seeds 0, 1 and 2 are all kept they are merged into
   # benchmarks/results/sweep/ (openstamp merge-runs); until then that folder keeps the last merge. SWEEP_SEEDS="2"
   # runs one seed.
