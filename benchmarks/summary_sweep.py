@@ -139,10 +139,10 @@ def resampled(r: dict, before: dict, where: str) -> list[str]:
             inside += ci[0] <= old[tpr]["mean"] <= ci[1]
     if not moved:
         return []
-    shift, s, old = max(moved, key=lambda m: abs(m[0]))
+    _, s, old = max(moved, key=lambda m: abs(m[0]))
     mean = lambda values: sum(values) / len(values)  # noqa: E731
-    cost = max(abs(s_["own_ppl_change"]["mean"] - o["own_ppl_change"]["mean"]) for _, s_, o in moved)
-    oracle = mean([s_["ppl_mean"]["mean"] / o["ppl_mean"]["mean"] for _, s_, o in moved])
+    cost = max(abs(new["own_ppl_change"]["mean"] - prior["own_ppl_change"]["mean"]) for _, new, prior in moved)
+    oracle = mean([new["ppl_mean"]["mean"] / prior["ppl_mean"]["mean"] for _, new, prior in moved])
     then = _verdicts(before)
     return [
         f"Against the same sweep sampled in {before['config'].get('sample_dtype', 'float32')} ({where}, "
