@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from statistics import fmean
 
 from summary_cost import cell
 
@@ -140,15 +141,14 @@ def resampled(r: dict, before: dict, where: str) -> list[str]:
     if not moved:
         return []
     _, s, old = max(moved, key=lambda m: abs(m[0]))
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
     cost = max(abs(new["own_ppl_change"]["mean"] - prior["own_ppl_change"]["mean"]) for _, new, prior in moved)
-    oracle = mean([new["ppl_mean"]["mean"] / prior["ppl_mean"]["mean"] for _, new, prior in moved])
+    oracle = fmean([new["ppl_mean"]["mean"] / prior["ppl_mean"]["mean"] for _, new, prior in moved])
     then = _verdicts(before)
     return [
         f"Against the same sweep sampled in {before['config'].get('sample_dtype', 'float32')} ({where}, "
         f"{before['created'][:10]}; seeds {', '.join(map(str, before['config']['seeds']))}, the same prompts and "
         f"human text) at its {len(moved)} points: TPR@1%FPR at full length moved by "
-        f"{mean([m[0] for m in moved]):+.3f} on average (mean |change| {mean([abs(m[0]) for m in moved]):.3f}; the "
+        f"{fmean(m[0] for m in moved):+.3f} on average (mean |change| {fmean(abs(m[0]) for m in moved):.3f}; the "
         f"largest {s['method']} {s['strength']:g}: {old[tpr]['mean']:.3f} -> {s[tpr]['mean']:.3f}), and the earlier "
         f"mean lies inside this sweep's 95% interval at {inside} of {total} points; own PPL change moved by at most "
         f"{cost * 100:.2f} points (it scores human text: only a key trained anew changes it); the oracle's mean "
