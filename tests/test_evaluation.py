@@ -129,8 +129,9 @@ def test_every_run_reports_its_own_perplexity_against_the_original(finished_run)
 
 def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_run, model_dir, corpus_file):
     """The eval starts a keeps_hidden method's own perplexity from the original's cached states; recomputed here
-    with the key applied and no cache, every run's NLLs are the same."""
+    with the key applied and no cache (in the run's own_ppl_dtype), every run's NLLs are the same."""
     from openstamp.evaluation.own_ppl import window_nll
+    from openstamp.hidden import autocast_decoder
     from openstamp.models import load_model
     from openstamp.text import bos_prefix
 
@@ -145,7 +146,8 @@ def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_r
         reused += method.keeps_hidden
         method.apply(model)
         try:
-            fresh = window_nll(model, pairs, method.logits_processor(), cfg.score_batch_size)
+            with autocast_decoder(cfg.own_ppl_dtype):
+                fresh = window_nll(model, pairs, method.logits_processor(), cfg.score_batch_size)
         finally:
             method.revert(model)
         kept = json.loads((out / "own_ppl" / f"{run['generations'].replace('/', '_')}.json").read_text())
@@ -205,11 +207,12 @@ def test_the_eval_dtypes_are_recorded_resolved_and_a_run_from_before_them_ran_in
     from openstamp.models import fast_dtype
 
     out, results, methods = finished_run
-    fields = ("score_dtype", "sample_dtype")
+    fields = ("score_dtype", "sample_dtype", "own_ppl_dtype")
     assert all(results["config"][name] == fast_dtype("cpu") for name in fields)  # 'fast', as this machine resolves it
     report = (out / "report.md").read_text()
     assert f"sampled in {fast_dtype('cpu')}" in report
     assert f"Detectors run their decoder in {fast_dtype('cpu')}" in report
+    assert f"own perplexity in {fast_dtype('cpu')}" in report
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     for name in ("config.json", "results.json"):  # a run made before the fields existed

@@ -31,6 +31,19 @@ def test_own_nll_matches_the_hugging_face_loss():
     assert perplexity(nll) == pytest.approx(math.exp(np.mean(nll)))
 
 
+def test_own_nll_with_the_decoder_in_bfloat16_stays_near_float32():
+    """The eval's own_ppl_dtype: the decoder under bfloat16 autocast, the head and NLL in float32."""
+    from openstamp.hidden import autocast_decoder
+
+    model = make_model(False, 300)
+    pairs = windows()
+    full = window_nll(model, pairs, batch_size=2)
+    with autocast_decoder("bfloat16"):
+        half = window_nll(model, pairs, batch_size=2)
+    assert half != full  # the decoder did run in bfloat16
+    assert half == pytest.approx(full, rel=1e-2)
+
+
 def test_a_processor_is_applied_as_at_generation():
     model = make_model(True, 300)
     pairs = windows(n=3)

@@ -225,7 +225,7 @@ class DetectConfig:
 
 ORACLE_DTYPES = ("fast", "float32", "bfloat16", "float16")  # fast: models.fast_dtype(device)
 # EvalConfig fields added since, at the value earlier runs had
-RECORDED_BEFORE = {"score_dtype": "float32", "sample_dtype": "float32"}
+RECORDED_BEFORE = {"score_dtype": "float32", "sample_dtype": "float32", "own_ppl_dtype": "float32"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +269,11 @@ class EvalConfig:
         "the dtype completions are sampled in (a copy of the watermarked model cast to it): 'fast' is bfloat16 where "
         "the device computes it natively, else float32 (the model as loaded); a run records the dtype it resolved to",
     )
+    own_ppl_dtype: str = option(
+        "fast",
+        "the decoder dtype of the own-perplexity stage (autocast; the head and the NLL stay float32): 'fast' is "
+        "bfloat16 where the device computes it natively, else float32; a run records the dtype it resolved to",
+    )
     dtype: str = option("float32", "model dtype")
     device: str = option("cpu", "cpu, cuda or auto")
 
@@ -279,7 +284,7 @@ class EvalConfig:
         check(all(n >= 1 for n in self.lengths), "lengths must be token counts >= 1")
         check(self.downstream_limit >= 2, "downstream_limit must be >= 2")
         check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
-        for name in ("oracle_dtype", "score_dtype", "sample_dtype"):
+        for name in ("oracle_dtype", "score_dtype", "sample_dtype", "own_ppl_dtype"):
             check(getattr(self, name) in ORACLE_DTYPES, f"{name} must be one of {', '.join(ORACLE_DTYPES)}")
 
     def to_dict(self) -> dict[str, Any]:

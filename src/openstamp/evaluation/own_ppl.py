@@ -10,6 +10,11 @@ as at generation: f(x_<t, z_t) = processor(x_<t, z_t). The reported perplexity i
 exp(mean NLL over windows); with windows of one length that is exp(NLL per token). The change
 against the original model is own_ppl / own_ppl(original) - 1, with a paired percentile
 bootstrap over windows.
+
+The eval runs the decoder here under ``openstamp.hidden.autocast_decoder`` in ``EvalConfig.own_ppl_dtype``
+(bfloat16 where the processor computes it natively); the head, the processor, the softmax and the NLL stay
+float32. Both sides of the change run alike, so the decoder's rounding largely cancels in it
+(``benchmarks/own_ppl_dtype.py`` measures how far it moves, and the speed).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def run_eval(
     log.info("generator: %s (%s)", choice.name, choice.reason)
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
-    for name in ("score_dtype", "sample_dtype"):  # recorded as resolved: a run resumed elsewhere runs alike or stops
+    for name in ("score_dtype", "sample_dtype", "own_ppl_dtype"):  # recorded as resolved: resumed alike, or refused
         if getattr(cfg, name) == "fast":
             cfg = dataclasses.replace(cfg, **{name: fast_dtype(cfg.device)})
     _check_lengths(cfg)
@@ -100,7 +100,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageCloc
     # the original model's hidden states of the human and unwatermarked texts, computed once: every detector scores
     # with them, and the own perplexity of a watermark that leaves the decoder alone (keeps_hidden) starts from them
     hidden = HiddenCache()
-    with clock.stage("own_ppl"), reusing(hidden):
+    with clock.stage("own_ppl"), reusing(hidden), autocast_decoder(cfg.own_ppl_dtype):
         score_own_ppl(out, "original", model, tokenizer, windows, None, cfg, progress)
     with clock.stage("downstream"):
         score_downstream(out, "original", model, tokenizer, None, cfg)
@@ -128,6 +128,7 @@ def _stages(cfg: EvalConfig, out: Path, progress: bool, choice, clock: StageCloc
                         with (
                             clock.stage("own_ppl"),
                             reusing(hidden) if variant.keeps_hidden else contextlib.nullcontext(),
+                            autocast_decoder(cfg.own_ppl_dtype),
                         ):
                             processor = variant.logits_processor()
                             score_own_ppl(out, gen_name, model, tokenizer, windows, processor, cfg, progress)

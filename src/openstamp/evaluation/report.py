@@ -223,7 +223,8 @@ def write_report(out: Path) -> Path:
         f"{recorded['sample_dtype']}; seeds {', '.join(map(str, cfg['seeds']))}. Detection scores the completion "
         "alone, as decoded text. "
         "Negatives are the human continuations (primary) and unwatermarked completions of the same prompts. "
-        f"Detectors run their decoder in {recorded['score_dtype']} (their statistics in float32). "
+        f"Detectors run their decoder in {recorded['score_dtype']} (their statistics in float32), own perplexity "
+        f"in {recorded['own_ppl_dtype']} (its head and NLL in float32). "
         f"Perplexity oracle: `{cfg['oracle']}` in {' and '.join(oracle_dtypes(results))} (its own tokenizer); "
         "PPL ratio is the median over prompts of "
         "watermarked / unwatermarked perplexity.",
