@@ -57,16 +57,17 @@ SWEEP=(--model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaus
 
 sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, n 200 per point. Each seed
-  # runs in its own folder (a shard: 62 to 70 min on 2 CPU cores with the code of 2026-11-26, timings_s in its
-  # results.json; sweep_timed below times seed 0 from an empty store), so seeds can run in separate sessions or on
-  # separate machines; a finished seed is kept with its scores under
+  # runs in its own folder (a shard) from an eval store of its own, empty at first, so every key, completion and
+  # score is made in it and its timings_s is the seed's whole cost (the goal: the 3 seeds in 3 h); seeds can
+  # run in separate sessions or on separate machines. A finished seed is kept with its scores under
   # benchmarks/results/sweep/seeds/, and once seeds 0, 1 and 2 are all kept they are merged into
-  # benchmarks/results/sweep/ (openstamp merge-runs); until then that folder keeps the last merge. SWEEP_SEEDS="2"
-  # runs one seed.
+  # benchmarks/results/sweep/ (openstamp merge-runs); until then that folder keeps the last merge (its shards in
+  # benchmarks/results/sweep/float32_own_ppl/seeds/: move that merge's files there too before the new one lands).
+  # SWEEP_SEEDS="2" runs one seed.
   local seeds=benchmarks/results/sweep/seeds all=(0 1 2)
   for seed in ${SWEEP_SEEDS:-${all[@]}}; do
     [ ! -f $seeds/s$seed/results.json ] || continue  # kept: this seed is done
-    $OPENSTAMP eval "${SWEEP[@]}" --seeds $seed --out runs/sweep-s$seed
+    $OPENSTAMP eval "${SWEEP[@]}" --seeds $seed --store runs/sweep-s$seed-store --out runs/sweep-s$seed
     mkdir -p $seeds/s$seed
     cp runs/sweep-s$seed/results.json runs/sweep-s$seed/report.md $seeds/s$seed/
   done
@@ -77,14 +78,6 @@ sweep() {
   done
   $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
   cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
-}
-sweep_timed() {
-  # one seed of the sweep from a cold start, timed (the goal: the sweep's 3 seeds in 3 h): a run folder and an
-  # eval store of its own, empty at first, so every key, completion and score is made here
-  local T=runs/sweep-timed
-  $OPENSTAMP eval "${SWEEP[@]}" --seeds 0 --store $T-store --out $T
-  mkdir -p benchmarks/results/sweep_timed
-  cp $T/results.json $T/report.md benchmarks/results/sweep_timed/
 }
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
@@ -223,7 +216,7 @@ keep() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval timed tune cost sweep sweep_timed durability analyses edit quantize quantize_head reinit inversion
+[ ${#stages[@]} -gt 0 ] || stages=(eval timed tune cost sweep durability analyses edit quantize quantize_head reinit inversion
   finetune fade merge prune instruct paraphrase paraphrase64)
 for stage in "${stages[@]}"; do
   fn=$stage

@@ -10,6 +10,7 @@ from statistics import fmean
 
 from summary_cost import cell
 
+from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import interval
 from openstamp.evaluation.pareto import compare, points
 from openstamp.evaluation.report import fmt, pareto_table, timing_lines
@@ -73,7 +74,7 @@ def sweep(r: dict, folder: Path) -> list[str]:
         if earlier.exists()
         else []
     )
-    for part in (timings, _verdicts(r), before, pareto_table(r), *later_seeds(r, folder)):
+    for part in (timings, current_shards(r, folder), _verdicts(r), before, pareto_table(r), *later_seeds(r, folder)):
         rows += ["", *part] if part else []
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     if plots:
@@ -82,6 +83,87 @@ def sweep(r: dict, folder: Path) -> list[str]:
 
 
 GOAL_S = 3 * 3600  # issue 15: the sweep in 3 h on this machine
+BEFORE_BF16_OWN_PPL = "float32_own_ppl"  # the shards of the sweep above, kept when their seeds are run again
+
+
+def current_shards(r: dict, folder: Path) -> list[str]:
+    """The seeds run again with today's code (shards in folder/seeds/ whose settings differ from the sweep's): each
+    one's time against the same seed's shard before (folder/BEFORE_BF16_OWN_PPL/seeds/), what its figures did,
+    and the whole sweep's time at their pace, against the 3-h goal."""
+    shards = [json.loads(p.read_text()) for p in sorted((folder / "seeds").glob("s*/results.json"))]
+    shards = [shard for shard in shards if mismatch(shard, r)]
+    if not shards:
+        return []
+    machine = lambda t: ", ".join(f"{m['cpu']}, {m['threads']} threads" for m in t["machines"])  # noqa: E731
+    said = "sampled in {sample_dtype}, detectors' decoders in {score_dtype}, own perplexity's in {own_ppl_dtype}"
+    parts = []
+    for shard in shards:
+        t, seed = shard["timings_s"], shard["config"]["seeds"][0]
+        text = (
+            f"Seed {seed} on {shard['created'][:10]} ({machine(t)}; "
+            f"{said.format_map(EvalConfig.recorded(shard['config']))}): **{t['total'] / 60:.0f} min**"
+        )
+        old_path = folder / BEFORE_BF16_OWN_PPL / "seeds" / f"s{seed}" / "results.json"
+        if old_path.exists():
+            old = json.loads(old_path.read_text())
+            b = old["timings_s"]
+            stages = ", ".join(f"{k} {b['stages'].get(k, 0):.0f} -> {v:.0f} s" for k, v in t["stages"].items())
+            untouched = [k for k in t["stages"] if k != "own_ppl" and b["stages"].get(k, 0) > 60]
+            alone = [t["stages"][k] / b["stages"][k] for k in untouched]
+            text += (
+                f"; the same seed with the code before ({old['created'][:10]}, {machine(b)}; "
+                f"{said.format_map(EvalConfig.recorded(old['config']))}): {stages}; {b['total'] / 60:.0f} -> "
+                f"{t['total'] / 60:.0f} min. The stages this change leaves alone took {min(alone):.2f}x to "
+                f"{max(alone):.2f}x as long"
+                + (" on this CPU: the rest of the drop is the machine. " if machine(t) != machine(b) else ". ")
+                + _moved(shard, old)
+            )
+        parts.append(text)
+    mean = fmean(shard["timings_s"]["total"] for shard in shards)
+    seeds = len(r["config"]["seeds"])
+    return [
+        "Seeds run again with today's code, each shard from an empty eval store of its own (`bash "
+        "benchmarks/reference_runs.sh sweep`, which keeps them in `benchmarks/results/sweep/seeds/`; the shards of "
+        f"the sweep above are kept in `benchmarks/results/sweep/{BEFORE_BF16_OWN_PPL}/seeds/`). "
+        + " ".join(parts)
+        + f" The sweep's {seeds} seeds at the pace of the {len(shards)} re-run so far: about "
+        f"{seeds * mean / 60:.0f} min of machine time, against the issue's goal of 3 h (180 min); the sweep above "
+        f"stands until all {seeds} are re-run and merged.",
+    ]
+
+
+def _moved(shard: dict, old: dict) -> str:
+    """The same seed then and now: which keys came out the same, how far TPR moved, and, on the same keys (the same
+    human text scored), how far the own-PPL change moved."""
+    was = {(run["method"], run["strength"]): run for run in old["runs"]}
+    tpr = "tpr_at_1pct_fpr"
+    moved, same_key, cost = [], set(), []
+    for run in shard["runs"]:
+        before = was[(run["method"], run["strength"])]
+        moved.append((run["metrics"][tpr] - before["metrics"][tpr], run))
+        if run["key_sha256"] == before["key_sha256"]:
+            same_key.add(run["method"])
+            change = (before["metrics"]["own_ppl_change"], run["metrics"]["own_ppl_change"])
+            low, high = before["metrics"]["own_ppl_change_ci"]
+            cost.append((abs(change[1] - change[0]), abs(change[1] - change[0]) / (high - low)))
+    other = [m for m in dict.fromkeys(run["method"] for run in shard["runs"]) if m not in same_key]
+    largest, run = max(moved, key=lambda m: abs(m[0]))
+    before = was[(run["method"], run["strength"])]["metrics"][tpr]
+    text = (
+        f"The keys drawn from the PRF alone came out bit-identical ({', '.join(sorted(same_key)) or 'none'})"
+        + (f", the trained ones did not ({', '.join(other)})" if other else "")
+        + ", and sampling is sensitive to rounding, so where the CPU differs the completions differ and the figures "
+        f"are another draw of the seed: TPR@1%FPR moved by {fmean(abs(m[0]) for m in moved):.3f} on average "
+        f"(largest {run['method']} {run['strength']:g}: {before:.3f} -> {run['metrics'][tpr]:.3f})."
+    )
+    if cost:
+        text += (
+            " With the same key and the same human text, the own-PPL change moved by at most "
+            f"{100 * max(c[0] for c in cost):.2f} points ({max(c[1] for c in cost):.1%} of its 95% interval's width)."
+        )
+    return text
+
+
 EARLIER = "float32_sampling"  # the sweep as it ran before the eval sampled in bfloat16, kept for comparison
 
 

@@ -1,6 +1,6 @@
 """What a sweep saves by scoring the negatives of a strength-free detector once per key, in the eval itself.
 
-    cp -r runs/sweep-timed RUN && cp RUN/results.json RESULTS_BEFORE
+    cp -r runs/sweep-s0 RUN && cp RUN/results.json RESULTS_BEFORE
     for m in gaussmark kgw unremovable sir; do rm RUN/scores/$m@*.json RUN/scores/lengths/$m@*.json; done
     rm RUN/results.json
     openstamp eval <the sweep's settings> --seeds 0 --out RUN      # resumes: keys, completions, perplexities kept
