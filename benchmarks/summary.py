@@ -1,7 +1,8 @@
-"""Print the results in benchmarks/results/*.json as the Markdown that the README shows.
+"""Print the results in benchmarks/results/*.json as Markdown: every measurement (RESULTS.md) and the headline
+the README shows (the Pareto sweep, its length curve, the strength `tune` chooses, the false-positive rate per key).
 
-python benchmarks/summary.py            # print it
-python benchmarks/summary.py --readme   # and write it into README.md, between the results markers
+python benchmarks/summary.py            # print every measurement
+python benchmarks/summary.py --readme   # and write RESULTS.md, and the headline into README.md between its markers
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
-from openstamp.config import EvalConfig
 from openstamp.evaluation.shards import oracle_dtypes
 
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
+RESULTS_PAGE = README.with_name("RESULTS.md")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 OLDER = (  # figures measured before this release of the detector
     "Measured at commit 737d7d7, with the older top-32 estimate of m, an untied release and no tail bound; "
@@ -139,6 +140,26 @@ def own_ppl_reuse(r: dict) -> list[str]:
         "its input embeddings and GaussMark perturbs an MLP, so theirs run the decoder. Hugging Face's loss on "
         f"the same windows (one forward pass of the original, every position's logits) took {t['plain_forward']:.1f} "
         f"s in the same run: one own-perplexity pass without reuse is {r['pass_over_plain_forward']:.2f}x that.",
+    ]
+
+
+def own_ppl_dtype(r: dict) -> list[str]:
+    s, t, v = r["settings"], r["seconds"], r["variants"]
+    moved = max(row["change_moved_over_ci_width"] for row in v.values() if "change_moved_over_ci_width" in row)
+    return [
+        f"Own perplexity's decoder dtype (`python benchmarks/own_ppl_dtype.py --n {s['n']}`): the original model "
+        f"and {r['passes'] - 1} weight-level variants whose own perplexity runs the decoder, on {s['n']} human "
+        f"continuations of 50 + 64 tokens, the decoder in float32 {t['float32']:.1f} s and under bfloat16 autocast "
+        f"{t['bfloat16']:.1f} s ({r['speedup_bfloat16']:.2f}x), interleaved in one run. The own-PPL change "
+        "against the original, float32 -> bfloat16: "
+        + "; ".join(
+            f"{label} {row['change_float32']:+.2%} -> {row['change_bfloat16']:+.2%}"
+            for label, row in v.items()
+            if "change_float32" in row
+        )
+        + f": at most {moved:.1%} of the width of its 95% interval (a window's NLL moved by at most "
+        f"{max(row['nll_difference_max'] for row in v.values()):.3f} nats). The eval's `own_ppl_dtype` is `fast` "
+        f"by default (here: {r['fast_dtype_here']}); the head, the processor and the NLL stay float32.",
     ]
 
 
@@ -468,35 +489,6 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
     return [line + f" TPR@1%FPR in this run: {tprs} (one seed, default strengths: near saturation, as above)."]
 
 
-def sweep_timed(r: dict, before: dict | None = None) -> list[str]:
-    """One seed of the Pareto sweep from a cold start (``reference_runs.sh sweep_timed``), against the 3-h goal;
-    ``before``: an earlier timed seed (``sweep_timed/float32_sampling/``), stage by stage."""
-    from openstamp.evaluation.report import timing_lines
-
-    t, cfg = r["timings_s"], r["config"]
-    seeds = 3  # the sweep's seeds (reference_runs.sh sweep)
-    methods = list(dict.fromkeys(run["method"] for run in r["runs"]))
-    template = "sampled in {sample_dtype}, detectors' decoders in {score_dtype}"
-    said = lambda c: template.format_map(EvalConfig.recorded(c))  # noqa: E731
-    lines = [
-        f"One seed of the Pareto sweep from a cold start (`bash benchmarks/reference_runs.sh sweep_timed`: the sweep's "
-        f"command for seed {cfg['seeds'][0]}, {len(r['runs'])} runs of {len(methods)} methods, n {cfg['n']}, "
-        f"{cfg['new_tokens']} new tokens, a new run folder and an empty eval store; {said(cfg)}, the oracle in "
-        f"{' and '.join(oracle_dtypes(r))}), measured on "
-        f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** recorded; its {seeds} seeds at this pace take about "
-        f"{seeds * t['total'] / 60:.0f} min, against the issue's goal of 3 h (180 min). " + timing_lines(t)[0]
-    ]
-    if before is not None:
-        b = before["timings_s"]
-        stages = ", ".join(f"{k} {b['stages'].get(k, 0):.0f} -> {v:.0f} s" for k, v in t["stages"].items())
-        lines[0] += (
-            f" Against the same command timed on {before['created'][:10]} with the code before "
-            f"(`benchmarks/results/sweep_timed/float32_sampling/`: {said(before['config'])}, every strength's "
-            f"negatives scored again): {stages}; {b['total'] / 60:.0f} -> {t['total'] / 60:.0f} min."
-        )
-    return lines
-
-
 def sweep_memo(r: dict) -> list[str]:
     """What scoring a strength-free detector's negatives once per key saves in the sweep (``sweep_memo.py``)."""
     t = r["total"]
@@ -663,6 +655,7 @@ def render() -> str:
         ("retied_lengths", retied_lengths),
         ("eval_retime", eval_retime),
         ("own_ppl_reuse", own_ppl_reuse),
+        ("own_ppl_dtype", own_ppl_dtype),
         ("eval_store", eval_store),
         ("generate_speed", generate_speed),
         ("oracle_dtype", oracle_dtype),
@@ -684,8 +677,6 @@ def render() -> str:
         out += robustness(ev.parent) + [""]
     if (timed := load("eval_timed/results")) is not None:
         out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None) + [""]
-    if (timed := load("sweep_timed/results")) is not None:
-        out += sweep_timed(timed, load("sweep_timed/float32_sampling/results")) + [""]
     if (memo := load("sweep_memo")) is not None:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
@@ -722,6 +713,43 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def headline() -> str:
+    """What the README shows: the Pareto sweep with its plots, the strength `tune` chooses and what it costs, and
+    the false-positive rate per key; the rest is in RESULTS.md."""
+    out: list[str] = []
+    pareto = RESULTS / "sweep" / "results.json"
+    if pareto.exists():
+        out += sweep(json.loads(pareto.read_text()), pareto.parent) + [""]
+    for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key)):
+        result = load(name)
+        if result is not None:
+            out += render_section(result) + [""]
+    out.append(
+        "Everything else measured (embedding, detection speed and quality, the default comparison and its timing, "
+        "robustness and paraphrase, calibration, the paper's analyses, the service, scale-out) is in "
+        f"[{RESULTS_PAGE.name}]({RESULTS_PAGE.name}), these sections included, rendered by the same script."
+    )
+    return "\n".join(out).rstrip() + "\n"
+
+
+PAGE_HEAD = """# OpenStamp: measured on this machine (2 CPU cores; float32 unless a section says otherwise)
+
+Rendered by `python benchmarks/summary.py --readme` from `benchmarks/results/` (do not edit by hand): every figure
+comes from a script in `benchmarks/` or a command in `benchmarks/reference_runs.sh` that writes its JSON there. The
+conventions (the key, and which results predate which change of the sampler and of the dtypes) are in the README's
+section "Measured on this machine".
+
+"""
+
+
+def write_page(text: str) -> None:
+    """Write every measurement into RESULTS.md (atomically)."""
+    from openstamp.storage import atomic_write_text
+
+    atomic_write_text(RESULTS_PAGE, PAGE_HEAD + text)
+    print(f"wrote {RESULTS_PAGE}")
+
+
 def write_readme(text: str) -> None:
     """Replace what stands between the results markers in README.md (atomically)."""
     readme = README.read_text(encoding="utf-8")
@@ -737,12 +765,15 @@ def write_readme(text: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--readme", action="store_true", help="also write the results into README.md")
+    parser.add_argument(
+        "--readme", action="store_true", help="also write RESULTS.md, and the headline results into README.md"
+    )
     args = parser.parse_args()
     text = render()
     print(text)
     if args.readme:
-        write_readme(text)
+        write_page(text)
+        write_readme(headline())
 
 
 if __name__ == "__main__":
