@@ -697,9 +697,7 @@ def render() -> str:
     cost = RESULTS / "cost" / "results.json"
     if cost.exists():
         out += strength_sweep(json.loads(cost.read_text())) + [""]
-    pareto = RESULTS / "sweep" / "results.json"
-    if pareto.exists():
-        out += sweep(json.loads(pareto.read_text()), pareto.parent) + [""]
+    out += pareto_sweep()
     for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key), ("tail_check", tail_check)):
         result = load(name)
         if result is not None:
@@ -713,13 +711,17 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def pareto_sweep() -> list[str]:
+    """The Pareto sweep's section (benchmarks/results/sweep/), in both the README and RESULTS.md."""
+    pareto = RESULTS / "sweep" / "results.json"
+    return sweep(json.loads(pareto.read_text()), pareto.parent) + [""] if pareto.exists() else []
+
+
 def headline() -> str:
     """What the README shows: the Pareto sweep with its plots, the strength `tune` chooses and what it costs, and
     the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
-    pareto = RESULTS / "sweep" / "results.json"
-    if pareto.exists():
-        out += sweep(json.loads(pareto.read_text()), pareto.parent) + [""]
+    out += pareto_sweep()
     for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)
         if result is not None:
