@@ -226,6 +226,8 @@ class DetectConfig:
 ORACLE_DTYPES = ("fast", "float32", "bfloat16", "float16")  # fast: models.fast_dtype(device)
 # EvalConfig fields added since, at the value earlier runs had
 RECORDED_BEFORE = {"score_dtype": "float32", "sample_dtype": "float32", "own_ppl_dtype": "float32"}
+# EvalConfig dtype fields that an eval records as resolved ('fast' -> the dtype this device computes natively)
+RESOLVED_DTYPES = ("score_dtype", "sample_dtype", "own_ppl_dtype")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,7 +286,7 @@ class EvalConfig:
         check(all(n >= 1 for n in self.lengths), "lengths must be token counts >= 1")
         check(self.downstream_limit >= 2, "downstream_limit must be >= 2")
         check(self.batch_size >= 1 and self.score_batch_size >= 1, "batch sizes must be >= 1")
-        for name in ("oracle_dtype", "score_dtype", "sample_dtype", "own_ppl_dtype"):
+        for name in ("oracle_dtype", *RESOLVED_DTYPES):
             check(getattr(self, name) in ORACLE_DTYPES, f"{name} must be one of {', '.join(ORACLE_DTYPES)}")
 
     def to_dict(self) -> dict[str, Any]:

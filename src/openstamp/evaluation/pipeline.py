@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from openstamp.config import RECORDED_BEFORE, EvalConfig
+from openstamp.config import RECORDED_BEFORE, RESOLVED_DTYPES, EvalConfig
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.lengths import run_lengths, score_lengths
 from openstamp.evaluation.results import collect_results, load_generations
@@ -64,7 +64,7 @@ def run_eval(
     log.info("generator: %s (%s)", choice.name, choice.reason)
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
         cfg = dataclasses.replace(cfg, methods=tuple(REGISTRY))
-    for name in ("score_dtype", "sample_dtype", "own_ppl_dtype"):  # recorded as resolved: resumed alike, or refused
+    for name in RESOLVED_DTYPES:  # recorded as resolved: a run resumed elsewhere runs alike or stops
         if getattr(cfg, name) == "fast":
             cfg = dataclasses.replace(cfg, **{name: fast_dtype(cfg.device)})
     _check_lengths(cfg)
