@@ -61,8 +61,9 @@ sweep() {
   # score is made in it and its timings_s is the seed's whole cost (the goal: the 3 seeds in 3 h); seeds can
   # run in separate sessions or on separate machines. A finished seed is kept with its scores under
   # benchmarks/results/sweep/seeds/, and once seeds 0, 1 and 2 are all kept they are merged into
-  # benchmarks/results/sweep/ (openstamp merge-runs); until then that folder keeps the last merge (its shards in
-  # benchmarks/results/sweep/float32_own_ppl/seeds/: move that merge's files there too before the new one lands).
+  # benchmarks/results/sweep/ (openstamp merge-runs). To run the sweep again with other code, first move that merge
+  # and its seeds/ into a folder under it named for what changed (as float32_own_ppl/, the one the README compares
+  # with: summary_sweep.BEFORE).
   # SWEEP_SEEDS="2" runs one seed.
   local seeds=benchmarks/results/sweep/seeds all=(0 1 2)
   for seed in ${SWEEP_SEEDS:-${all[@]}}; do

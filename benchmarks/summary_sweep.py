@@ -68,13 +68,10 @@ def sweep(r: dict, folder: Path) -> list[str]:
             f" The issue's goal for the whole sweep is 3 h: {'under' if total <= GOAL_S else 'over'} it by "
             f"{abs(total - GOAL_S) / 60:.0f} min."
         )
-    earlier = folder / EARLIER / "results.json"
-    before = (
-        resampled(r, json.loads(earlier.read_text()), f"`benchmarks/results/sweep/{EARLIER}`")
-        if earlier.exists()
-        else []
-    )
-    for part in (timings, current_shards(r, folder), _verdicts(r), before, pareto_table(r), *later_seeds(r, folder)):
+    earlier, where = folder / BEFORE / "results.json", f"`benchmarks/results/sweep/{BEFORE}`"
+    before = json.loads(earlier.read_text()) if earlier.exists() else None
+    then = [against(r, before, where), resampled(r, before, where)] if before else []
+    for part in (_verdicts(r), timings, current_shards(r, folder), *then, pareto_table(r), *later_seeds(r, folder)):
         rows += ["", *part] if part else []
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     if plots:
@@ -83,12 +80,14 @@ def sweep(r: dict, folder: Path) -> list[str]:
 
 
 GOAL_S = 3 * 3600  # issue 15: the sweep in 3 h on this machine
-BEFORE_BF16_OWN_PPL = "float32_own_ppl"  # the shards of the sweep above, kept when their seeds are run again
+# the sweep before this one (its merge and its shards), kept when its seeds were run again: own perplexity's decoder
+# in float32 then
+BEFORE = "float32_own_ppl"
 
 
 def current_shards(r: dict, folder: Path) -> list[str]:
     """The seeds run again with today's code (shards in folder/seeds/ whose settings differ from the sweep's): each
-    one's time against the same seed's shard before (folder/BEFORE_BF16_OWN_PPL/seeds/), what its figures did,
+    one's time against the same seed's shard before (folder/BEFORE/seeds/), what its figures did,
     and the whole sweep's time at their pace, against the 3-h goal."""
     shards = [json.loads(p.read_text()) for p in sorted((folder / "seeds").glob("s*/results.json"))]
     shards = [shard for shard in shards if mismatch(shard, r)]
@@ -103,7 +102,7 @@ def current_shards(r: dict, folder: Path) -> list[str]:
             f"Seed {seed} on {shard['created'][:10]} ({machine(t)}; "
             f"{said.format_map(EvalConfig.recorded(shard['config']))}): **{t['total'] / 60:.0f} min**"
         )
-        old_path = folder / BEFORE_BF16_OWN_PPL / "seeds" / f"s{seed}" / "results.json"
+        old_path = folder / BEFORE / "seeds" / f"s{seed}" / "results.json"
         if old_path.exists():
             old = json.loads(old_path.read_text())
             b = old["timings_s"]
@@ -124,7 +123,7 @@ def current_shards(r: dict, folder: Path) -> list[str]:
     return [
         "Seeds run again with today's code, each shard from an empty eval store of its own (`bash "
         "benchmarks/reference_runs.sh sweep`, which keeps them in `benchmarks/results/sweep/seeds/`; the shards of "
-        f"the sweep above are kept in `benchmarks/results/sweep/{BEFORE_BF16_OWN_PPL}/seeds/`). "
+        f"the sweep above are kept in `benchmarks/results/sweep/{BEFORE}/seeds/`). "
         + " ".join(parts)
         + f" The sweep's {seeds} seeds at the pace of the {len(shards)} re-run so far: about "
         f"{seeds * mean / 60:.0f} min of machine time, against the issue's goal of 3 h (180 min); the sweep above "
@@ -162,9 +161,6 @@ def _moved(shard: dict, old: dict) -> str:
             f"{100 * max(c[0] for c in cost):.2f} points ({max(c[1] for c in cost):.1%} of its 95% interval's width)."
         )
     return text
-
-
-EARLIER = "float32_sampling"  # the sweep as it ran before the eval sampled in bfloat16, kept for comparison
 
 
 def _verdicts(r: dict, method: str = "openstamp", cost: str = "own_ppl_change") -> list[str]:
@@ -207,9 +203,55 @@ def later_seeds(r: dict, folder: Path) -> list[list[str]]:
     return parts
 
 
+# the stage each recorded dtype field runs
+STAGE_OF = {"sample_dtype": "generate", "score_dtype": "score", "own_ppl_dtype": "own_ppl", "oracle_dtype": "oracle"}
+
+
+def differences(r: dict, before: dict) -> dict[str, tuple]:
+    """The settings (dtypes included, as each run recorded them) in which ``before`` differs from ``r``, seeds
+    aside."""
+    now, then = EvalConfig.recorded(r["config"]), EvalConfig.recorded(before["config"])
+    return {k: (then.get(k), v) for k, v in now.items() if k != "seeds" and then.get(k) != v}
+
+
+def _machines(r: dict) -> str:
+    """Each shard's minutes and machine: 'seed 0 49 min, seed 1 48 min (Intel Xeon, 2 threads)'."""
+    shards, cpus = r.get("shards", []), {}
+    for shard in shards:
+        for m in shard["timings_s"].get("machines", []):
+            cpus[f"{m['cpu']}, {m['threads']} threads"] = None
+    times = ", ".join(f"seed {', '.join(map(str, s['seeds']))} {s['timings_s']['total'] / 60:.0f} min" for s in shards)
+    return f"{times} ({'; '.join(cpus) or 'machine not recorded'})"
+
+
+def against(r: dict, before: dict, where: str) -> list[str]:
+    """The sweep's machine time against the sweep before it (``before``, kept at ``where``), both merged from
+    shards: each shard's minutes and machine, each stage's seconds then and now, and how long the stages whose
+    settings did not change took now against then (where the machines differ, that ratio is the machine's part)."""
+    if not (r.get("shards") and before.get("shards") and r.get("timings_s") and before.get("timings_s")):
+        return []
+    old, new = before["timings_s"], r["timings_s"]
+    changed = {STAGE_OF[k] for k in differences(r, before) if k in STAGE_OF}
+    alone = [
+        new["stages"][k] / v for k, v in old["stages"].items() if k not in changed and v > 60 and k in new["stages"]
+    ]
+    stages = ", ".join(f"{k} {old['stages'].get(k, 0):.0f} -> {v:.0f} s" for k, v in new["stages"].items() if v >= 1)
+    return [
+        f"Each seed ran as a shard from an empty eval store of its own (`benchmarks/results/sweep/seeds/`): "
+        f"{_machines(r)}. The sweep before it ({where}): {_machines(before)}. Per stage over the seeds, then -> now: "
+        f"{stages}; {old['total'] / 60:.0f} -> {new['total'] / 60:.0f} min."
+        + (
+            f" The stages whose settings did not change ({', '.join(sorted(changed))} did) took {min(alone):.2f}x to "
+            f"{max(alone):.2f}x as long as then: where the machines differ, that part of the change is the machine's."
+            if alone and changed
+            else ""
+        ),
+    ]
+
+
 def resampled(r: dict, before: dict, where: str) -> list[str]:
-    """The sweep against the same sweep run before with another sampling dtype (``before``, kept at ``where``):
-    how far each point's TPR@1%FPR and costs moved, and where OpenStamp stood then."""
+    """The sweep against the same sweep run before with other settings (``before``, kept at ``where``): which keys
+    came out the same, how far each point's TPR@1%FPR and costs moved, and where OpenStamp stood then."""
     tpr, was = "tpr_at_1pct_fpr", {(s["method"], s["strength"]): s for s in before["summary"]}
     moved, inside, total = [], 0, 0
     for s in r["summary"]:
@@ -223,17 +265,40 @@ def resampled(r: dict, before: dict, where: str) -> list[str]:
     if not moved:
         return []
     _, s, old = max(moved, key=lambda m: abs(m[0]))
-    cost = max(abs(new["own_ppl_change"]["mean"] - prior["own_ppl_change"]["mean"]) for _, new, prior in moved)
     oracle = fmean([new["ppl_mean"]["mean"] / prior["ppl_mean"]["mean"] for _, new, prior in moved])
     then = _verdicts(before)
+    settings = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in differences(r, before).items()) or "the same settings"
+    keys = {(run["method"], run["strength"], run["seed"]): run.get("key_sha256") for run in before["runs"]}
+    same: dict[str, bool] = {}
+    for run in r["runs"]:
+        if (was_key := keys.get((run["method"], run["strength"], run["seed"]))) and run.get("key_sha256"):
+            same[run["method"]] = same.get(run["method"], True) and was_key == run["key_sha256"]
+    cost = {True: 0.0, False: 0.0}  # the largest move of a point's own PPL change, keys the same or not
+    for _, new, prior in moved:
+        kept = same.get(new["method"], False)
+        cost[kept] = max(cost[kept], abs(new["own_ppl_change"]["mean"] - prior["own_ppl_change"]["mean"]))
+    identical = (
+        f" The keys came out bit-identical for {', '.join(m for m, v in same.items() if v) or 'no method'}"
+        + (f", not for {', '.join(m for m, v in same.items() if not v)}" if not all(same.values()) else "")
+        + "."
+        if same
+        else ""
+    )
+    costs = (
+        f"{100 * cost[True]:.2f} points where the key came out the same (the same human text scored) and "
+        f"{100 * cost[False]:.2f} where it did not"
+        if any(same.values()) and not all(same.values())
+        else f"{100 * max(cost.values()):.2f} points"
+    )
     return [
-        f"Against the same sweep sampled in {before['config'].get('sample_dtype', 'float32')} ({where}, "
-        f"{before['created'][:10]}; seeds {', '.join(map(str, before['config']['seeds']))}, the same prompts and "
-        f"human text) at its {len(moved)} points: TPR@1%FPR at full length moved by "
+        f"Against the sweep before it ({where}, {before['created'][:10]}; {settings}; seeds "
+        f"{', '.join(map(str, before['config']['seeds']))}, the same prompts and human text)."
+        + identical
+        + f" At its {len(moved)} points, TPR@1%FPR at full length moved by "
         f"{fmean(m[0] for m in moved):+.3f} on average (mean |change| {fmean(abs(m[0]) for m in moved):.3f}; the "
         f"largest {s['method']} {s['strength']:g}: {old[tpr]['mean']:.3f} -> {s[tpr]['mean']:.3f}), and the earlier "
         f"mean lies inside this sweep's 95% interval at {inside} of {total} points; own PPL change moved by at most "
-        f"{cost * 100:.2f} points (it scores human text: only a key trained anew changes it); the oracle's mean "
+        f"{costs}; the oracle's mean "
         f"perplexity is {oracle:.2f}x the earlier one on average over the points."
         + (f" That sweep's verdicts, for comparison: {then[0]}" if then else "")
     ]
