@@ -15,6 +15,7 @@ from openstamp.evaluation.metrics import interval
 from openstamp.evaluation.pareto import compare, points
 from openstamp.evaluation.report import fmt, pareto_table, timing_lines
 from openstamp.evaluation.shards import mismatch
+from openstamp.storage import changed_fields
 
 
 def sweep(r: dict, folder: Path) -> list[str]:
@@ -105,17 +106,10 @@ def current_shards(r: dict, folder: Path) -> list[str]:
         old_path = folder / BEFORE / "seeds" / f"s{seed}" / "results.json"
         if old_path.exists():
             old = json.loads(old_path.read_text())
-            b = old["timings_s"]
-            stages = ", ".join(f"{k} {b['stages'].get(k, 0):.0f} -> {v:.0f} s" for k, v in t["stages"].items())
-            untouched = [k for k in t["stages"] if k != "own_ppl" and b["stages"].get(k, 0) > 60]
-            alone = [t["stages"][k] / b["stages"][k] for k in untouched]
             text += (
-                f"; the same seed with the code before ({old['created'][:10]}, {machine(b)}; "
-                f"{said.format_map(EvalConfig.recorded(old['config']))}): {stages}; {b['total'] / 60:.0f} -> "
-                f"{t['total'] / 60:.0f} min. The stages this change leaves alone took {min(alone):.2f}x to "
-                f"{max(alone):.2f}x as long"
-                + (" on this CPU: the rest of the drop is the machine. " if machine(t) != machine(b) else ". ")
-                + _moved(shard, old)
+                f"; the same seed with the code before ({old['created'][:10]}, {machine(old['timings_s'])}; "
+                f"{said.format_map(EvalConfig.recorded(old['config']))}): {_stages(shard, old)} "
+                + resampled(shard, old, f"`benchmarks/results/sweep/{BEFORE}/seeds/s{seed}`")[0]
             )
         parts.append(text)
     mean = fmean(shard["timings_s"]["total"] for shard in shards)
@@ -129,38 +123,6 @@ def current_shards(r: dict, folder: Path) -> list[str]:
         f"{seeds * mean / 60:.0f} min of machine time, against the issue's goal of 3 h (180 min); the sweep above "
         f"stands until all {seeds} are re-run and merged.",
     ]
-
-
-def _moved(shard: dict, old: dict) -> str:
-    """The same seed then and now: which keys came out the same, how far TPR moved, and, on the same keys (the same
-    human text scored), how far the own-PPL change moved."""
-    was = {(run["method"], run["strength"]): run for run in old["runs"]}
-    tpr = "tpr_at_1pct_fpr"
-    moved, same_key, cost = [], set(), []
-    for run in shard["runs"]:
-        before = was[(run["method"], run["strength"])]
-        moved.append((run["metrics"][tpr] - before["metrics"][tpr], run))
-        if run["key_sha256"] == before["key_sha256"]:
-            same_key.add(run["method"])
-            change = (before["metrics"]["own_ppl_change"], run["metrics"]["own_ppl_change"])
-            low, high = before["metrics"]["own_ppl_change_ci"]
-            cost.append((abs(change[1] - change[0]), abs(change[1] - change[0]) / (high - low)))
-    other = [m for m in dict.fromkeys(run["method"] for run in shard["runs"]) if m not in same_key]
-    largest, run = max(moved, key=lambda m: abs(m[0]))
-    before = was[(run["method"], run["strength"])]["metrics"][tpr]
-    text = (
-        f"The keys drawn from the PRF alone came out bit-identical ({', '.join(sorted(same_key)) or 'none'})"
-        + (f", the trained ones did not ({', '.join(other)})" if other else "")
-        + ", and sampling is sensitive to rounding, so where the CPU differs the completions differ and the figures "
-        f"are another draw of the seed: TPR@1%FPR moved by {fmean(abs(m[0]) for m in moved):.3f} on average "
-        f"(largest {run['method']} {run['strength']:g}: {before:.3f} -> {run['metrics'][tpr]:.3f})."
-    )
-    if cost:
-        text += (
-            " With the same key and the same human text, the own-PPL change moved by at most "
-            f"{100 * max(c[0] for c in cost):.2f} points ({max(c[1] for c in cost):.1%} of its 95% interval's width)."
-        )
-    return text
 
 
 def _verdicts(r: dict, method: str = "openstamp", cost: str = "own_ppl_change") -> list[str]:
@@ -211,7 +173,7 @@ def differences(r: dict, before: dict) -> dict[str, tuple]:
     """The settings (dtypes included, as each run recorded them) in which ``before`` differs from ``r``, seeds
     aside."""
     now, then = EvalConfig.recorded(r["config"]), EvalConfig.recorded(before["config"])
-    return {k: (then.get(k), v) for k, v in now.items() if k != "seeds" and then.get(k) != v}
+    return {k: (then.get(k), now.get(k)) for k in changed_fields(then, now) if k != "seeds"}
 
 
 def _machines(r: dict) -> str:
@@ -230,23 +192,28 @@ def against(r: dict, before: dict, where: str) -> list[str]:
     settings did not change took now against then (where the machines differ, that ratio is the machine's part)."""
     if not (r.get("shards") and before.get("shards") and r.get("timings_s") and before.get("timings_s")):
         return []
+    return [
+        f"Each seed ran as a shard from an empty eval store of its own (`benchmarks/results/sweep/seeds/`): "
+        f"{_machines(r)}. The sweep before it ({where}): {_machines(before)}. Per stage over the seeds, then -> now: "
+        + _stages(r, before)
+    ]
+
+
+def _stages(r: dict, before: dict) -> str:
+    """Each stage's seconds in ``before`` and in ``r`` (their timings_s), and how long the stages whose settings did
+    not change took now against then (where the machines differ, that ratio is the machine's part)."""
     old, new = before["timings_s"], r["timings_s"]
     changed = {STAGE_OF[k] for k in differences(r, before) if k in STAGE_OF}
     alone = [
         new["stages"][k] / v for k, v in old["stages"].items() if k not in changed and v > 60 and k in new["stages"]
     ]
     stages = ", ".join(f"{k} {old['stages'].get(k, 0):.0f} -> {v:.0f} s" for k, v in new["stages"].items() if v >= 1)
-    return [
-        f"Each seed ran as a shard from an empty eval store of its own (`benchmarks/results/sweep/seeds/`): "
-        f"{_machines(r)}. The sweep before it ({where}): {_machines(before)}. Per stage over the seeds, then -> now: "
-        f"{stages}; {old['total'] / 60:.0f} -> {new['total'] / 60:.0f} min."
-        + (
-            f" The stages whose settings did not change ({', '.join(sorted(changed))} did) took {min(alone):.2f}x to "
-            f"{max(alone):.2f}x as long as then: where the machines differ, that part of the change is the machine's."
-            if alone and changed
-            else ""
-        ),
-    ]
+    return f"{stages}; {old['total'] / 60:.0f} -> {new['total'] / 60:.0f} min." + (
+        f" The stages whose settings did not change ({', '.join(sorted(changed))} did) took {min(alone):.2f}x to "
+        f"{max(alone):.2f}x as long as then: where the machines differ, that part of the change is the machine's."
+        if alone and changed
+        else ""
+    )
 
 
 def resampled(r: dict, before: dict, where: str) -> list[str]:
