@@ -173,3 +173,5 @@ def test_demo_embeds_generates_and_detects(tiny_model_dir, corpus_file, tmp_path
     assert set(sample["detection"]) == {"original", "watermarked", "human"}
     assert sample["detection"]["watermarked"]["status"] == "ok"
     assert (tmp_path / "demo" / "model" / "config.json").exists() and (tmp_path / "demo" / "key" / "secret").exists()
+    # the summary says what the false-positive rate means for a row of 2 unwatermarked texts: 1 - 0.99^2 = 2%
+    assert "a row of 2 such texts has one flagged in about 2% of runs" in " ".join(result.output.split())

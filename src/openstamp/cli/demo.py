@@ -108,7 +108,14 @@ def _verdict(result) -> str:
 
 
 def _summary(scores: dict, config) -> Table:
-    table = Table(title=f"detection at false-positive rate {config.alpha:g} ({config.n_permutations} permutations)")
+    """The flagged count per source, and what the false-positive rate means for a row of n unwatermarked texts:
+    at least one of them is flagged in 1 - (1 - alpha)^n of runs (each key's rate: benchmarks/fpr_per_key.py)."""
+    n = max(map(len, scores.values()), default=0)
+    table = Table(
+        title=f"detection at false-positive rate {config.alpha:g} ({config.n_permutations} permutations)",
+        caption=f"a text not watermarked is flagged with probability about {config.alpha:g}, so a row of {n} such "
+        f"texts has one flagged in about {1 - (1 - config.alpha) ** n:.0%} of runs",
+    )
     for column in ("completions by", "mean LLR", "median p-value", "flagged"):
         table.add_column(column)
     for name, results in scores.items():
