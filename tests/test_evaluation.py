@@ -394,6 +394,29 @@ def test_length_curve_maths():
     assert curve({"10": {"watermarked": no_p[:4], "human": no_p[4:]}})[0]["flagged_at_p_0.01"] is None
 
 
+def test_a_swept_length_curve_gets_one_panel_per_method(tmp_path):
+    """A sweep's length curve: a panel per method (its strengths in it), so the figure widens with the methods; a
+    comparison with one strength per method: every line in one panel."""
+    from matplotlib.image import imread
+
+    from openstamp.evaluation.report import _length_plot
+
+    def rows(grid):
+        return [
+            {"method": m, "strength": s, "tokens": t, "tpr_at_1pct_fpr": s * t / 64, "flagged_at_p_0.01": s * t / 70}
+            for m, strengths in grid.items()
+            for s in strengths
+            for t in (16, 32, 64)
+        ]
+
+    widths = {}
+    for name, grid in {"one": {"a": [0.5], "b": [1.0]}, "swept": {m: [0.25, 0.5, 1.0] for m in "abcde"}}.items():
+        _length_plot(rows(grid), tmp_path / f"{name}.png")
+        widths[name] = imread(tmp_path / f"{name}.png").shape[1]
+    assert widths["one"] == round(5.5 * 110)  # one panel at the default size
+    assert widths["swept"] == round(4 * 3.6 * 110)  # 5 methods: 4 panels a row
+
+
 def test_cut_texts_scored_from_the_full_texts_states_match_a_plain_scoring(finished_run):
     """The length stage runs after the score stage inside one cache: a cut text takes the states of its full text."""
     from openstamp.evaluation.lengths import lengths_path

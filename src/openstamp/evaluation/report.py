@@ -349,22 +349,42 @@ def _below_above(stat: dict) -> tuple[float, float]:
 
 
 def _length_plot(rows: list[dict], path: Path) -> str:
+    """TPR@1%FPR (solid) and the share flagged at p <= 0.01 (dotted) against the tokens scored: one panel holding
+    every run, or for a sweep one panel per method with a line per strength (weak to strong, light to dark)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    for method, strength in dict.fromkeys((r["method"], r["strength"]) for r in rows):
-        at = [r for r in rows if (r["method"], r["strength"]) == (method, strength)]
-        tpr = [(r["tokens"], r["tpr_at_1pct_fpr"]) for r in at if r["tpr_at_1pct_fpr"] is not None]
-        if not tpr:
-            continue
-        line = ax.plot(*zip(*tpr, strict=True), "o-", label=f"{method}@{strength:g}")
-        flagged = [(r["tokens"], r["flagged_at_p_0.01"]) for r in at if r["flagged_at_p_0.01"] is not None]
-        if flagged:
-            ax.plot(*zip(*flagged, strict=True), ":", color=line[0].get_color(), lw=1)
-    ax.set(xscale="log", xlabel="tokens of each text", ylabel="TPR @ 1% FPR (dotted: flagged at p <= 0.01)")
-    ax.set(ylim=(0, 1.05), title="detection against length")
-    ax.set_xticks(sorted({r["tokens"] for r in rows}), labels=[str(t) for t in sorted({r["tokens"] for r in rows})])
-    ax.legend(fontsize=7)
+    curves = list(dict.fromkeys((r["method"], r["strength"]) for r in rows))
+    methods = list(dict.fromkeys(method for method, _ in curves))
+    swept = len(curves) > len(methods)
+    panels = methods if swept else [None]
+    cols = min(4, len(panels))
+    grid = (math.ceil(len(panels) / cols), cols)
+    size = (max(3.6 * grid[1], 5.5), max(3.2 * grid[0], 4.5))
+    fig, axes = plt.subplots(*grid, figsize=size, squeeze=False, sharey=True)
+    tokens = sorted({r["tokens"] for r in rows})
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        mine = [(m, s) for m, s in curves if panel in (None, m)]
+        colors = plt.cm.viridis_r(np.linspace(0.15, 0.9, len(mine))) if swept else [None] * len(mine)
+        for (method, strength), color in zip(mine, colors, strict=True):
+            at = [r for r in rows if (r["method"], r["strength"]) == (method, strength)]
+            tpr = [(r["tokens"], r["tpr_at_1pct_fpr"]) for r in at if r["tpr_at_1pct_fpr"] is not None]
+            if not tpr:
+                continue
+            label = f"{strength:g}" if swept else f"{method}@{strength:g}"
+            line = ax.plot(*zip(*tpr, strict=True), "o-", color=color, label=label)
+            flagged = [(r["tokens"], r["flagged_at_p_0.01"]) for r in at if r["flagged_at_p_0.01"] is not None]
+            if flagged:
+                ax.plot(*zip(*flagged, strict=True), ":", color=line[0].get_color(), lw=1)
+        ax.set(xscale="log", ylim=(0, 1.05), title=panel or "detection against length")
+        ax.set_xticks(tokens, labels=[str(t) for t in tokens])
+        ax.minorticks_off()
+        ax.legend(fontsize=7, title="strength" if swept else None, title_fontsize=7, framealpha=0.5)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.supxlabel("tokens of each text", fontsize=9)
+    fig.supylabel("TPR @ 1% FPR (dotted: flagged at p <= 0.01)", fontsize=9)
+    if swept:
+        fig.suptitle("detection against length")
     return _save(fig, path)
 
 
