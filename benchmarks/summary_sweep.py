@@ -94,7 +94,6 @@ def current_shards(r: dict, folder: Path) -> list[str]:
     shards = [shard for shard in shards if mismatch(shard, r)]
     if not shards:
         return []
-    machine = lambda t: ", ".join(f"{m['cpu']}, {m['threads']} threads" for m in t["machines"])  # noqa: E731
     said = "sampled in {sample_dtype}, detectors' decoders in {score_dtype}, own perplexity's in {own_ppl_dtype}"
     parts = []
     for shard in shards:
@@ -176,12 +175,20 @@ def differences(r: dict, before: dict) -> dict[str, tuple]:
     return {k: (then.get(k), now.get(k)) for k in changed_fields(then, now) if k != "seeds"}
 
 
+def _cpu(m: dict) -> str:
+    """One machine of a timings_s record: 'Intel Xeon, 2 threads'."""
+    return f"{m['cpu']}, {m['threads']} threads"
+
+
+def machine(t: dict) -> str:
+    """The machines of one timings_s record."""
+    return ", ".join(map(_cpu, t["machines"]))
+
+
 def _machines(r: dict) -> str:
     """Each shard's minutes and machine: 'seed 0 49 min, seed 1 48 min (Intel Xeon, 2 threads)'."""
-    shards, cpus = r.get("shards", []), {}
-    for shard in shards:
-        for m in shard["timings_s"].get("machines", []):
-            cpus[f"{m['cpu']}, {m['threads']} threads"] = None
+    shards = r.get("shards", [])
+    cpus = dict.fromkeys(_cpu(m) for shard in shards for m in shard["timings_s"].get("machines", []))
     times = ", ".join(f"seed {', '.join(map(str, s['seeds']))} {s['timings_s']['total'] / 60:.0f} min" for s in shards)
     return f"{times} ({'; '.join(cpus) or 'machine not recorded'})"
 
