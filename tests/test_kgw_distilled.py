@@ -262,3 +262,11 @@ def test_a_key_distilled_before_autocast_existed_is_refused_under_bfloat16(model
                 run_eval(run, out, progress=False)
         else:
             assert run_eval(run, out, progress=False)["runs"][0]["settings"]["autocast"] == "float32"
+
+
+def test_distillation_shows_its_steps_and_loss_on_a_progress_bar(tiny_model_dir, corpus_file, capsys):
+    base, tok = load_model(str(tiny_model_dir))
+    method = create("kgw-distilled", delta=3.0, **{**TINY_BUDGET, "steps": 3})
+    method.build(base, tok, load_documents(str(corpus_file)), seed=0)
+    err = capsys.readouterr().err
+    assert "distilling (delta 3)" in err and "3/3" in err and "loss=" in err

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import check, option
@@ -120,6 +121,8 @@ def train(
     on_checkpoint: Callable[[int, float], None] | None = None,
     labels: torch.Tensor | None = None,
     loss_fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    desc: str = "training",
+    progress: bool = True,
 ) -> list[float]:
     """Causal-LM training on ``windows`` (N, T) for ``cfg.steps`` steps; returns the per-step losses.
 
@@ -128,7 +131,8 @@ def train(
     causal-LM loss. ``on_checkpoint(step,
     mean loss since the last checkpoint)`` runs at step 0 and at every checkpoint with the model
     in eval mode; the RNG state is restored around it, so training does not depend on what the
-    callback does (a resumed run replays the same steps).
+    callback does (a resumed run replays the same steps). A progress bar titled ``desc`` shows the
+    steps and the latest loss unless ``progress`` is false.
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -150,7 +154,8 @@ def train(
             torch.set_rng_state(state)
 
     checkpoint(0)
-    for step in range(1, cfg.steps + 1):
+    bar = tqdm(range(1, cfg.steps + 1), desc=desc, unit="step", disable=not progress)
+    for step in bar:
         while len(order) < cfg.batch_size:
             order = torch.cat([order, torch.randperm(len(windows), generator=generator)])
         chosen, order = order[: cfg.batch_size], order[cfg.batch_size :]
@@ -163,6 +168,7 @@ def train(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         checkpoint(step)
     model.eval()
     return losses

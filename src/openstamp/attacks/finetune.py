@@ -122,7 +122,7 @@ def attack_run(ev, run, base, tokenizer, data: tuple, n: int, cfg: TrainConfig, 
     if progress:
         log.info("training %s (%s, %d steps)", run["run"], cfg.mode, cfg.steps)
     windows, labels = data
-    train(model, windows, cfg, on_checkpoint, labels)
+    train(model, windows, cfg, on_checkpoint, labels, desc=f"training {run['run']}", progress=progress)
     return losses
 
 

@@ -153,7 +153,8 @@ def distill(
     Returns the student (eval mode, no gradients) and the per-step losses.
     """
     student = prepare(copy.deepcopy(model), cfg.train_config(seed))
-    losses = train(student, windows, cfg.train_config(seed), loss_fn=_kl_loss(model, greens, cfg.delta, cfg.autocast))
+    loss = _kl_loss(model, greens, cfg.delta, cfg.autocast)
+    losses = train(student, windows, cfg.train_config(seed), loss_fn=loss, desc=f"distilling (delta {cfg.delta:g})")
     return student.requires_grad_(False).eval(), losses
 
 
