@@ -28,7 +28,7 @@ timed() {
   local T=runs/eval-timed
   $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
   mkdir -p benchmarks/results/eval_timed
-  cp $T/results.json $T/report.md benchmarks/results/eval_timed/
+  cp $T/results.json $T/report.md $T/timings.json benchmarks/results/eval_timed/
 }
 tune() {
   # the smallest delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs

@@ -455,8 +455,27 @@ def evaluation(r: dict) -> list[str]:
     ]
 
 
-def evaluation_timed(r: dict, before: dict | None) -> list[str]:
-    """The default comparison from a cold start (``reference_runs.sh timed``): its stages against the kept eval's."""
+def begun_again(invocations: list[dict]) -> str:
+    """The method stages that more than one invocation of a resumed eval spent over a second on (``timings.json``:
+    one record per invocation): a stage cut short by the interruption is begun again, so this is its cost."""
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for record in invocations:
+        for method, stages in record.get("methods", {}).items():
+            for stage, s in stages.items():
+                seconds.setdefault((method, stage), []).append(s)
+    again = {k: v for k, v in seconds.items() if sum(s > 1 for s in v) > 1}
+    if not again:
+        return ""
+    parts = ", ".join(f"{m} {stage} {' + '.join(f'{s:.0f}' for s in v)} s" for (m, stage), v in again.items())
+    return (
+        f" Stages that more than one invocation worked on (one cut short by an interruption is begun again, so its "
+        f"later part is about what resuming cost): {parts}."
+    )
+
+
+def evaluation_timed(r: dict, before: dict | None, invocations: list[dict] | None = None) -> list[str]:
+    """The default comparison from a cold start (``reference_runs.sh timed``): its stages against the kept eval's;
+    ``invocations`` (its ``timings.json``) name what a resumed run did twice."""
     from openstamp.evaluation.report import timing_lines
 
     t = r["timings_s"]
@@ -471,6 +490,8 @@ def evaluation_timed(r: dict, before: dict | None) -> list[str]:
         line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
     if t.get("invocations", 1) > 1 and r["created"] < CLOCK_FROM:  # then written after each run only
         line += " The sums leave out what an interrupted invocation spent on the run it was stopped in."
+    if invocations:
+        line += begun_again(invocations)
     if oracle_dtypes(r) == ["float32"]:
         line += f" Its oracle ran in float32 ({t['stages']['oracle']:.0f} s; bfloat16 is the default now, below)."
     if r["created"] < DETECTOR_KEPT_FROM:
@@ -676,7 +697,8 @@ def render() -> str:
         out += evaluation(json.loads(ev.read_text())) + [""]
         out += robustness(ev.parent) + [""]
     if (timed := load("eval_timed/results")) is not None:
-        out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None) + [""]
+        invocations = load("eval_timed/timings")
+        out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None, invocations) + [""]
     if (memo := load("sweep_memo")) is not None:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
