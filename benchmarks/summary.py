@@ -733,17 +733,17 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def pareto_sweep() -> list[str]:
-    """The Pareto sweep's section (benchmarks/results/sweep/), in both the README and RESULTS.md."""
+def pareto_sweep(whole: bool = True) -> list[str]:
+    """The Pareto sweep's section (benchmarks/results/sweep/): whole in RESULTS.md, at equal cost in the README."""
     pareto = RESULTS / "sweep" / "results.json"
-    return sweep(json.loads(pareto.read_text()), pareto.parent) + [""] if pareto.exists() else []
+    return sweep(json.loads(pareto.read_text()), pareto.parent, whole) + [""] if pareto.exists() else []
 
 
 def headline() -> str:
     """What the README shows: the Pareto sweep with its plots, the strength `tune` chooses and what it costs, and
     the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
-    out += pareto_sweep()
+    out += pareto_sweep(whole=False)
     for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)
         if result is not None:

@@ -13,13 +13,14 @@ from summary_cost import cell
 from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import interval
 from openstamp.evaluation.pareto import compare, points
-from openstamp.evaluation.report import fmt, pareto_table, timing_lines
+from openstamp.evaluation.report import equal_cost_table, fmt, pareto_table, timing_lines
 from openstamp.evaluation.shards import mismatch
 from openstamp.storage import changed_fields
 
 
-def sweep(r: dict, folder: Path) -> list[str]:
-    """Per method and strength: TPR at each length, its own-perplexity cost; then the point-by-point verdicts."""
+def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
+    """Each method at equal cost and the verdicts; ``whole`` (RESULTS.md) adds per method and strength its TPR at
+    each length and its costs, the timings and the point-by-point verdicts."""
     c = r["config"]
     seeds = ", ".join(map(str, c["seeds"]))
     curve = r.get("length_curve", [])
@@ -39,17 +40,37 @@ def sweep(r: dict, folder: Path) -> list[str]:
     spread = (
         "mean over seeds, ± sd at full length and for the cost" if several else "one key and sample per point"
     ) + "; [95% bootstrap interval] at full length, over seeds and texts where results hold one"
-    rows = [
+    counts = sorted(set(Counter(s["method"] for s in r["summary"]).values()))
+    per = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    intro = [
         f"The Pareto sweep (`bash benchmarks/reference_runs.sh sweep`; the paper's Figure 2): {len(c['methods'])} "
-        f"methods at the strengths below, chosen so that the weakest falls below TPR 1; {c['n']} held-out prompts of "
+        f"methods at {per} strengths each, chosen so that the weakest falls below TPR 1; {c['n']} held-out prompts of "
         f"{c['prompt_tokens']} tokens per point and seed, {c['new_tokens']} new tokens, {seed_text} "
-        f"TPR@1%FPR against human text cut to the same length ({spread}; the full-length column scores "
-        f"{scored:g} tokens), and the cost: the model's own perplexity on the "
-        f"human continuations ({original:.2f} unwatermarked; decode-time methods under their logits processor) "
-        f"and the oracle's (`{c['oracle']}`) perplexity of the completions (a mean of heavy-tailed per-text "
-        "perplexities, not monotone in strength here: the own-perplexity axis is the primary one). KGW-distilled is "
-        "not in the sweep "
+        "Detection is TPR@1%FPR against human text cut to the same length. The cost is the model's own perplexity "
+        f"on the human continuations ({original:.2f} unwatermarked; decode-time methods under their logits "
+        f"processor); the oracle's (`{c['oracle']}`) perplexity of the completions is the second axis (a mean of "
+        "heavy-tailed per-text perplexities, not monotone in strength here). KGW-distilled is not in the sweep "
         "(one 28-minute distillation per strength and seed on this CPU)." + partial,
+    ]
+    plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
+    shown = [" ".join(f"![{name}](benchmarks/results/sweep/{name})" for name in plots)] if plots else []
+    if not whole:
+        return [
+            *intro,
+            "",
+            *equal_cost_table(r),
+            "",
+            *_verdicts(r),
+            "",
+            *shown,
+            "",
+            "Every point (TPR at each length, own and oracle perplexity), the point-by-point verdicts on both cost "
+            "axes and the sweep's timings: [RESULTS.md](RESULTS.md).",
+        ]
+    rows = [
+        *intro,
+        "",
+        f"Per strength ({spread}; the full-length column scores {scored:g} tokens):",
         "",
         "| method | strength | "
         + " | ".join(f"TPR {t} tok" for t in tokens[:-1])
@@ -72,11 +93,9 @@ def sweep(r: dict, folder: Path) -> list[str]:
     earlier, where = folder / BEFORE / "results.json", f"`benchmarks/results/sweep/{BEFORE}`"
     before = json.loads(earlier.read_text()) if earlier.exists() else None
     then = [against(r, before, where), resampled(r, before, where)] if before else []
-    for part in (_verdicts(r), timings, current_shards(r, folder), *then, pareto_table(r), *later_seeds(r, folder)):
+    parts = (equal_cost_table(r), _verdicts(r), timings, current_shards(r, folder), *then, pareto_table(r))
+    for part in (*parts, *later_seeds(r, folder), shown):
         rows += ["", *part] if part else []
-    plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
-    if plots:
-        rows += ["", " ".join(f"![{name}](benchmarks/results/sweep/{name})" for name in plots)]
     return rows
 
 

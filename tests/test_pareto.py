@@ -1,7 +1,16 @@
 import pytest
 
-from openstamp.evaluation.pareto import COST_AXES, compare, interpolate, points, standard_error, verdict
-from openstamp.evaluation.report import pareto_table
+from openstamp.evaluation.pareto import (
+    COST_AXES,
+    at_equal_cost,
+    compare,
+    crossing,
+    interpolate,
+    points,
+    standard_error,
+    verdict,
+)
+from openstamp.evaluation.report import equal_cost_table, pareto_table
 
 
 def _summary(method, pairs):
@@ -60,3 +69,31 @@ def test_report_lists_each_openstamp_strength_against_each_swept_baseline():
     rows = [line for line in lines if line.startswith("| own PPL change | openstamp | kgw")]
     assert len(rows) == 1 and "0.5: above (0.900 vs" in rows[0] and "0.25: cheaper than every" in rows[0]
     assert pareto_table({"summary": SUMMARY[:4], "config": {"n": 100, "seeds": [0]}}) == []  # no baseline curve
+
+
+def test_crossing_is_the_first_cost_at_which_the_curve_reaches_the_target():
+    curve = points(SUMMARY, "kgw", "own_ppl_change")  # (0.02, 0.1), (0.3, 0.5)
+    assert crossing(curve, 0.3) == pytest.approx(0.02 + 0.2 * 0.28 / 0.4)
+    assert crossing(curve, 0.05) == 0.02  # the cheapest point already reaches it: its cost bounds the answer
+    assert crossing(curve, 0.6) is None
+    dip = [(0.1, 0.96, 1.0), (0.2, 0.5, 2.0), (0.3, 0.99, 3.0)]  # not monotone: the first crossing counts
+    assert crossing(dip, 0.95) == 0.1 and crossing(dip[1:], 0.95) == pytest.approx(0.2 + 0.1 * 0.45 / 0.49)
+
+
+def test_equal_cost_reads_the_mean_and_each_interval_end_off_its_own_curve():
+    summary = _summary("kgw", [(1.0, 0.02, 0.1), (2.0, 0.3, 0.5)])
+    summary[0]["tpr_at_1pct_fpr"]["ci"], summary[1]["tpr_at_1pct_fpr"]["ci"] = [0.0, 0.3], [0.4, 0.7]
+    read = at_equal_cost(summary, "kgw", "own_ppl_change", levels=(0.16, 0.5), target=0.3)
+    assert read["tpr"][0] == pytest.approx((0.3, 0.2, 0.5))  # the mean's, the low end's, the high end's curve
+    assert read["tpr"][1] == (None, None, None)  # beyond the costliest strength
+    mean, early, late = read["cost"]
+    assert mean == pytest.approx(0.16) and early == 0.02 and late == pytest.approx(0.02 + 0.3 * 0.28 / 0.4)
+
+
+def test_the_equal_cost_table_puts_the_cheapest_trade_off_first_and_says_where_a_target_is_not_reached():
+    results = {"summary": SUMMARY, "config": {"n": 100, "seeds": [0], "new_tokens": 64}}
+    rows = [line for line in equal_cost_table(results) if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| openstamp", "| kgw"]  # 0.95 at +5.0%...+20%; kgw never
+    assert "not reached (best 0.500 at +30.0%)" in rows[1]
+    assert rows[0].split(" | ")[1] == "0.900"  # TPR at +5% own PPL: openstamp's strength 0.5 sits there
+    assert equal_cost_table({"summary": SUMMARY[4:5], "config": results["config"]}) == []  # one point: no curve

@@ -15,6 +15,15 @@ baseline's curve is the piecewise-linear interpolation of its points sorted by c
 with se floored at 1 / n so that two saturated points (y = y_b = 1) read "on". A point outside
 the range is "cheaper than every baseline point" or "costlier than every baseline point": no
 verdict is drawn from extrapolation.
+
+At equal cost (what a model owner reads first): each method's TPR at a fixed cost c, ``y(c)`` as
+above, with the ends of its 95% interval interpolated alike (the curves through each point's low and
+high end); and the cost at which its curve first reaches a target TPR t, the first crossing
+
+    c(t) = c_i + (t - y_i) (c_{i+1} - c_i) / (y_{i+1} - y_i)   for the first i with y_i < t <= y_{i+1}
+
+(c_0 where the cheapest point already reaches t, which then bounds the cost from above; none where no
+point reaches it), with a range from the same crossing of the high-end and low-end curves.
 """
 
 from __future__ import annotations
@@ -27,13 +36,18 @@ COST_AXES = tuple(m.name for m in METRICS.values() if m.cost_axis)
 Point = tuple[float, float, float]  # (cost, TPR, strength)
 
 
-def points(summary: list[dict], method: str, cost: str, tpr: str = "tpr_at_1pct_fpr") -> list[Point]:
-    """(cost, TPR, strength) of each strength of ``method`` that has both, sorted by cost."""
+def points(
+    summary: list[dict], method: str, cost: str, tpr: str = "tpr_at_1pct_fpr", end: int | None = None
+) -> list[Point]:
+    """(cost, TPR, strength) of each strength of ``method`` that has both, sorted by cost; ``end`` 0 or 1: the low or
+    high end of each TPR's 95% interval instead of its mean (a strength without an interval is left out)."""
     out = []
     for s in summary:
         if s["method"] != method:
             continue
-        c, y = (s.get(cost) or {}).get("mean"), (s.get(tpr) or {}).get("mean")
+        stat = s.get(tpr) or {}
+        ci = interval(stat)
+        c, y = (s.get(cost) or {}).get("mean"), stat.get("mean") if end is None else (ci and ci[end])
         if c is not None and y is not None and math.isfinite(c):
             out.append((float(c), float(y), float(s["strength"])))
     return sorted(out)
@@ -83,3 +97,24 @@ def compare(summary: list[dict], method: str, baseline: str, cost: str, n: int, 
             word = "no baseline points"
         rows.append({"strength": strength, "cost": c, "tpr": y, "baseline_tpr": y_b, "verdict": word})
     return rows
+
+
+def crossing(curve: list[Point], target: float) -> float | None:
+    """The least cost at which ``curve`` reaches TPR ``target``: its first crossing, linear between neighbours (the
+    cheapest point's cost where that point already reaches it); None where no point does."""
+    for i, (c, y, _) in enumerate(curve):
+        if y >= target:
+            if i == 0:
+                return c
+            c0, y0, _ = curve[i - 1]
+            return c0 + (target - y0) * (c - c0) / (y - y0)
+    return None
+
+
+def at_equal_cost(summary: list[dict], method: str, cost: str, levels, target: float, tpr: str = "tpr_at_1pct_fpr"):
+    """``method``'s TPR at each cost of ``levels`` (mean, low, high; None outside its range) and the cost at which it
+    reaches ``target`` (mean, from the high end, from the low end; each None where not reached)."""
+    curves = [points(summary, method, cost, tpr, end) for end in (None, 0, 1)]
+    tprs = [tuple(interpolate(curve, level) for curve in curves) for level in levels]
+    reach = (crossing(curves[0], target), crossing(curves[2], target), crossing(curves[1], target))
+    return {"tpr": tprs, "cost": reach, "cheapest": curves[0][0][0] if curves[0] else None}

@@ -14,7 +14,7 @@ import numpy as np
 
 from openstamp.config import EvalConfig
 from openstamp.evaluation.metrics import METRICS, interval
-from openstamp.evaluation.pareto import COST_AXES, compare, points
+from openstamp.evaluation.pareto import COST_AXES, at_equal_cost, compare, points
 from openstamp.evaluation.results import score_values
 from openstamp.evaluation.shards import oracle_dtypes
 from openstamp.plots import save_figure
@@ -150,6 +150,51 @@ def length_table(results: dict) -> list[str]:
     return lines
 
 
+EQUAL_COSTS = (0.05, 0.10, 0.20)  # own-perplexity changes the equal-cost table reads each curve at
+TARGET_TPR = 0.95  # and the TPR whose cost it gives (issue 15's target: 0.95 at 64 tokens for at most +10%)
+
+
+def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tpr_at_1pct_fpr") -> list[str]:
+    """Per swept method, cheapest trade-off first: its TPR at each of EQUAL_COSTS and the cost at which it reaches
+    TARGET_TPR, read off its curve (evaluation/pareto.py: ``at_equal_cost``); sweeps only."""
+    summary, metric, rate = results["summary"], METRICS[cost], METRICS[tpr]
+    methods = [m for m in dict.fromkeys(s["method"] for s in summary) if len(points(summary, m, cost, tpr)) > 1]
+    if not methods:
+        return []
+    rows = []
+    for method in methods:
+        read = at_equal_cost(summary, method, cost, EQUAL_COSTS, TARGET_TPR, tpr)
+        cells = [_at_cost(mean, low, high, rate.text) for mean, low, high in read["tpr"]]
+        reach, early, late = read["cost"]
+        curve = points(summary, method, cost, tpr)
+        if reach is None:
+            best = max(curve, key=lambda p: p[1])
+            text = f"not reached (best {rate.text(best[1])} at {metric.text(best[0])})"
+        else:
+            text = ("≤ " if reach == read["cheapest"] else "") + metric.text(reach)
+            if early is not None:
+                last = f"beyond {metric.text(curve[-1][0])}" if late is None else metric.text(late)
+                text += f" [{metric.text(early)}, {last}]"
+        rows.append((math.inf if reach is None else reach, f"| {method} | " + " | ".join([*cells, text]) + " |"))
+    new = results["config"]["new_tokens"]
+    return [
+        f"At equal cost: each method's {rate.label} at full length ({new} new tokens) where its {metric.label} is "
+        f"{', '.join(metric.text(c) for c in EQUAL_COSTS)}, and the {metric.label} at which it first reaches "
+        f"{rate.label} {TARGET_TPR:g}; read off its curve, linear between its strengths, [95% range] from the curves "
+        "through each strength's interval ends; '-' outside the strengths swept. Cheapest first.",
+        "",
+        f"| method | {' | '.join(f'at {metric.text(c)}' for c in EQUAL_COSTS)} | {metric.label} for {TARGET_TPR:g} |",
+        "|---|" + "---:|" * (len(EQUAL_COSTS) + 1),
+        *[line for _, line in sorted(rows, key=lambda row: row[0])],
+    ]
+
+
+def _at_cost(mean, low, high, text) -> str:
+    if mean is None:
+        return "-"
+    return text(mean) + ("" if low is None or high is None else f" [{text(low)}, {text(high)}]")
+
+
 def pareto_table(results: dict) -> list[str]:
     """For each OpenStamp strength, above / on / below each baseline's curve, on each cost axis (sweeps only)."""
     summary, n = results["summary"], results["config"]["n"] * len(results["config"]["seeds"])
@@ -238,6 +283,7 @@ def write_report(out: Path) -> Path:
         *reference_table(results),
         "",
         *(["## Detection against length", "", *length_table(results), ""] if results.get("length_curve") else []),
+        *(["## At equal cost", "", *equal_cost_table(results), ""] if equal_cost_table(results) else []),
         *(["## Against each baseline's curve", "", *pareto_table(results), ""] if pareto_table(results) else []),
         *(
             ["## Downstream accuracy (lm-eval)", "", *downstream_table(results), ""]
