@@ -7,8 +7,10 @@ A weak watermark (delta where the model's own perplexity rises ~10%) is detected
 of the 64-token texts. Two knobs of S might buy detection at the same cost:
 
 * fewer lists L: each list is chosen more often and more surely (selector accuracy rises);
-* selector shrinkage: ridge lambda = f * tr(Z^T Z) / d (f the fraction of the mean diagonal),
-  pulling S toward smaller, smoother selections before the rows are rescaled.
+* selector shrinkage (``selector.shrinkage``): ridge lambda = f * tr(Z^T Z) / d (f the fraction of the mean
+  diagonal, over the fitted states), pulling S toward smaller, smoother selections before the rows are rescaled.
+  The results kept before the option existed took the diagonal over every training state, the dropped clusters'
+  too.
 
 For every variant S is refitted (k-means, ridge, rescaling, as key building does) on the same
 states, sampled as the key's were, with the key's secret, P, gamma and delta; then one probe
@@ -60,13 +62,11 @@ def main() -> None:
     original = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     tied_head = release_tied_head(key)
     z_train, z_held, _, selector = key_states(model, tokenizer, key, args.corpus, args.states)
-    scale = float((z_train.double() ** 2).sum(0).mean())  # tr(Z^T Z) / d
     rows = []
     fits = {None: (key.selector, key.meta.get("stats", {}).get("selector", {}))}
     for n_lists, shrink in args.variants:
-        lam = max(shrink * scale, selector.ridge_lambda)
         fits[(n_lists, shrink)] = fit_selector(
-            z_train, z_held, dataclasses.replace(selector, n_lists=n_lists, ridge_lambda=lam)
+            z_train, z_held, dataclasses.replace(selector, n_lists=n_lists, shrinkage=shrink)
         )
     for (name, (S, stats)), delta in itertools.product(fits.items(), args.deltas):
         variant = dataclasses.replace(key, selector=S, delta=delta, meta=copy.deepcopy(key.meta))
@@ -76,6 +76,7 @@ def main() -> None:
             lists=int(S.shape[0]),
             shrinkage=None if name is None else name[1],
             selector_heldout_accuracy=stats.get("heldout_accuracy"),
+            ridge_lambda=stats.get("ridge_lambda"),
             own_ppl_change=row["own_ppl"] / original - 1,
         )
         rows.append(row)
@@ -93,7 +94,6 @@ def main() -> None:
             "deltas": args.deltas,
             "settings": dataclasses.asdict(cfg),
             "states": {"train": len(z_train), "heldout": len(z_held)},
-            "shrinkage_scale": scale,
             "own_ppl_original": original,
             "rows": rows,
         },

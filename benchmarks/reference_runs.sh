@@ -30,14 +30,26 @@ timed() {
   mkdir -p benchmarks/results/eval_timed
   cp $T/results.json $T/report.md $T/timings.json benchmarks/results/eval_timed/
 }
-tune() {
-  # the smallest delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs
+tune_key() {
+  # $1 the key folder, $2 the results name (benchmarks/results/$2.json), then any other tune options: the smallest
+  # delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs
+  local key=$1 name=$2
+  shift 2
   $OPENSTAMP tune --model smollm2-135m --corpus wikipedia --target-tpr 0.95 --tokens 64 --fpr 0.01 --n 32 \
-    --key runs/tune/key --overwrite
+    --key $key --overwrite "$@"
   mkdir -p benchmarks/results
-  .venv/bin/python -c "import json; m = json.load(open('runs/tune/key/key.json')); \
-json.dump({'command': 'openstamp tune (benchmarks/reference_runs.sh tune)', 'versions': m['versions'], \
-'key_id': m['key_id'], **m['tune']}, open('benchmarks/results/tune.json', 'w'), indent=2)"
+  .venv/bin/python -c "import json; m = json.load(open('$key/key.json')); \
+json.dump({'command': 'openstamp tune (benchmarks/reference_runs.sh $name)', 'versions': m['versions'], \
+'key_id': m['key_id'], 'selector_shrinkage': m['config']['selector'].get('shrinkage', 0.0), **m['tune']}, \
+open('benchmarks/results/$name.json', 'w'), indent=2)"
+}
+tune() {
+  tune_key runs/tune/key tune
+}
+tune_shrinkage() {
+  # the same with a shrunk selector (selector.shrinkage f, SHRINK_F, default 4: see shrinkage())
+  local f=${SHRINK_F:-4}
+  tune_key runs/tune-shrink$f/key tune_shrinkage --set selector.shrinkage=$f
 }
 cost() {
   # what each strength of OpenStamp costs and buys on the packaged model: TPR at 16, 32 and 64 tokens, its own
@@ -79,6 +91,32 @@ sweep() {
   done
   $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
   cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
+}
+shrinkage() {
+  # OpenStamp with selector shrinkage f (selector.shrinkage: ridge lambda = f * tr(Z^T Z) / d; on 32 prompts,
+  # benchmarks/low_strength.py found it buys TPR at equal cost) on the sweep's prompts, human text, strengths and
+  # seeds, each seed a shard from an empty store as in sweep(); once seeds 0, 1 and 2 are kept they are merged into
+  # benchmarks/results/shrinkage/f<f>/, whose points the summary reads against the sweep's curves at equal cost.
+  # SHRINK_F (default 4) chooses f, SHRINK_SEEDS="0" runs one seed. About 15 min a seed on 2 cores. Shrinkage
+  # raises the cost of a delta (seed 0 at f 4: +5.8% own PPL at 0.25, +25% at 0.5, +68% at 0.75, against +2.9%,
+  # +12% and +31% unshrunk), so its grid stops at 0.5 to cover the baselines' cost range (their costliest +26..+40%)
+  local f=${SHRINK_F:-4} all=(0 1 2) SHRINK_GRID=${SHRINK_GRID:-0.125, 0.25, 0.375, 0.5}
+  local K=benchmarks/results/shrinkage/f$f
+  for seed in ${SHRINK_SEEDS:-${all[@]}}; do
+    [ ! -f $K/seeds/s$seed/results.json ] || continue
+    local R=runs/shrink$f-s$seed
+    $OPENSTAMP eval "${SWEEP[@]}" --methods openstamp --set "grids={\"openstamp\": [$SHRINK_GRID]}" \
+      --set "method_settings={\"openstamp\": {\"shrinkage\": $f}}" --seeds $seed --store $R-store --out $R
+    mkdir -p $K/seeds/s$seed
+    cp $R/results.json $R/report.md $K/seeds/s$seed/
+  done
+  local kept=()
+  for seed in "${all[@]}"; do
+    [ -f $K/seeds/s$seed/results.json ] || return 0
+    kept+=($K/seeds/s$seed/results.json)
+  done
+  $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink$f-merged
+  cp runs/shrink$f-merged/results.json runs/shrink$f-merged/report.md runs/shrink$f-merged/*.png $K/
 }
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
@@ -217,7 +255,7 @@ keep() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval timed tune cost sweep durability analyses edit quantize quantize_head reinit inversion
+[ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit quantize quantize_head reinit inversion
   finetune fade merge prune instruct paraphrase paraphrase64)
 for stage in "${stages[@]}"; do
   fn=$stage

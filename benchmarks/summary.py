@@ -720,7 +720,12 @@ def render() -> str:
     if cost.exists():
         out += strength_sweep(json.loads(cost.read_text())) + [""]
     out += pareto_sweep()
-    for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key), ("tail_check", tail_check)):
+    for name, render_section in (
+        ("tune", tune),
+        ("tune_shrinkage", tune),
+        ("fpr_per_key", fpr_per_key),
+        ("tail_check", tail_check),
+    ):
         result = load(name)
         if result is not None:
             out += render_section(result) + [""]
@@ -744,7 +749,7 @@ def headline() -> str:
     the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
     out += pareto_sweep(whole=False)
-    for name, render_section in (("tune", tune), ("fpr_per_key", fpr_per_key)):
+    for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)
         if result is not None:
             out += render_section(result) + [""]

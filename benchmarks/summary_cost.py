@@ -8,13 +8,17 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def tune(r: dict) -> list[str]:
-    s = r["settings"]
+    s, f = r["settings"], r.get("selector_shrinkage", 0.0)
     verdict = "reaches" if r["reached"] else "does not reach"
+    stage, option, profile = (
+        ("tune_shrinkage", f" --set selector.shrinkage={f:g}", f", selector shrinkage {f:g}") if f else ("tune", "", "")
+    )
     rows = [
-        f"Choosing the strength (`bash benchmarks/reference_runs.sh tune`, i.e. `openstamp tune --model smollm2-135m "
-        f"--corpus wikipedia --target-tpr {s['target_tpr']} --tokens {s['tokens']} --fpr {s['fpr']} --n {s['n']}`): "
-        f"one key (default profile), each probed delta watermarks the model, samples {s['n']} held-out prompts "
-        f"({s['prompt_tokens']} tokens, withheld from the detector) to {s['tokens']} new tokens, and counts the "
+        f"Choosing the strength (`bash benchmarks/reference_runs.sh {stage}`, i.e. `openstamp tune --model "
+        f"smollm2-135m --corpus wikipedia --target-tpr {s['target_tpr']} --tokens {s['tokens']} --fpr {s['fpr']} "
+        f"--n {s['n']}{option}`): one key (default profile{profile}), each probed delta watermarks the model, "
+        f"samples {s['n']} held-out prompts ({s['prompt_tokens']} tokens, withheld from the detector) to {s['tokens']} "
+        "new tokens, and counts the "
         f"texts flagged at p <= {s['fpr']}. The cost is the model's own perplexity on the same prompts' human "
         f"continuations ({r['own_ppl_original']:.2f} unwatermarked).",
         "",

@@ -21,6 +21,7 @@ from openstamp.storage import changed_fields
 def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
     """Each method at equal cost and the verdicts; ``whole`` (RESULTS.md) adds per method and strength its TPR at
     each length and its costs, the timings and the point-by-point verdicts."""
+    r, variants = with_variants(r, folder)
     c = r["config"]
     seeds = ", ".join(map(str, c["seeds"]))
     curve = r.get("length_curve", [])
@@ -51,7 +52,11 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
         f"processor); the oracle's (`{c['oracle']}`) perplexity of the completions is the second axis (a mean of "
         "heavy-tailed per-text perplexities, not monotone in strength here). KGW-distilled is not in the sweep "
         "(one 28-minute distillation per strength and seed on this CPU)." + partial,
+        *([""] if variants else []),
+        *variants,
     ]
+    ours = ["openstamp", *(m for m in dict.fromkeys(s["method"] for s in r["summary"]) if m.startswith("openstamp ("))]
+    verdicts = [x for method in ours for line in _verdicts(r, method) for x in (line, "")][:-1]
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     shown = [" ".join(f"![{name}](benchmarks/results/sweep/{name})" for name in plots)] if plots else []
     if not whole:
@@ -60,7 +65,7 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
             "",
             *equal_cost_table(r),
             "",
-            *_verdicts(r),
+            *verdicts,
             "",
             *shown,
             "",
@@ -93,10 +98,38 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
     earlier, where = folder / BEFORE / "results.json", f"`benchmarks/results/sweep/{BEFORE}`"
     before = json.loads(earlier.read_text()) if earlier.exists() else None
     then = [against(r, before, where), resampled(r, before, where)] if before else []
-    parts = (equal_cost_table(r), _verdicts(r), timings, current_shards(r, folder), *then, pareto_table(r))
+    parts = (equal_cost_table(r), verdicts, timings, current_shards(r, folder), *then, pareto_table(r))
     for part in (*parts, *later_seeds(r, folder), shown):
         rows += ["", *part] if part else []
     return rows
+
+
+VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/f<f>/: OpenStamp with selector shrinkage f on the sweep's texts
+
+
+def with_variants(r: dict, folder: Path) -> tuple[dict, list[str]]:
+    """The sweep's results with the points of each kept OpenStamp variant (a merge under folder/../VARIANTS/f<f>/
+    of the same seeds, prompts and human text, at strengths of its own) added as a method of its own, 'openstamp
+    (shrinkage f)'; and a sentence on what was added, or why a kept variant was not."""
+    r = {**r, "summary": list(r["summary"]), "length_curve": list(r.get("length_curve", []))}
+    said = []
+    for path in sorted((folder.parent / VARIANTS).glob("f*/results.json")):
+        v = json.loads(path.read_text())
+        f = v["config"]["method_settings"]["openstamp"]["shrinkage"]
+        name = f"openstamp (shrinkage {f:g})"
+        same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
+        why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
+        if why:
+            said.append(f"`{path.parent}` is kept but not shown: {why}.")
+            continue
+        r["summary"] += [{**s, "method": name} for s in v["summary"]]
+        r["length_curve"] += [{**row, "method": name} for row in v.get("length_curve", [])]
+        said.append(
+            f"{name}: OpenStamp with its selector fitted under ridge shrinkage f = {f:g} (`selector.shrinkage`: "
+            f"lambda = f tr(Z^T Z) / d; `bash benchmarks/reference_runs.sh shrinkage`), on the sweep's prompts, "
+            "human text and seeds, every other setting the sweep's."
+        )
+    return r, said
 
 
 GOAL_S = 3 * 3600  # issue 15: the sweep in 3 h on this machine

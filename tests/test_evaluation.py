@@ -586,6 +586,23 @@ def test_the_clock_keeps_a_running_stage_in_timings_json_so_a_killed_eval_loses_
     assert done["invocations"] == 1 and read()["seconds"] == done["stages"]
 
 
+def test_an_openstamp_key_saved_before_shrinkage_existed_is_read_as_unshrunk(model_dir, corpus_file, tmp_path):
+    """A key saved without the shrinkage field fitted S without it (added_settings): an eval asking for shrinkage
+    does not take it as a shrunk one."""
+    settings = {"profile": "small", "n_lists": 8, "shrinkage": 2.0}
+    methods = ("openstamp-nosem",)
+    cfg = tiny_eval(model_dir, corpus_file, methods, oracle="none", lengths=[], method_settings={methods[0]: settings})
+    pipeline.run_eval(cfg, tmp_path, progress=False)
+    recorded = tmp_path / "keys" / "openstamp-nosem" / "s0" / "settings.json"
+    saved = json.loads(recorded.read_text())
+    assert saved.pop("shrinkage") == 2.0
+    key = json.loads((tmp_path / "keys" / "openstamp-nosem" / "s0" / "key" / "key.json").read_text())
+    assert key["stats"]["selector"]["ridge_lambda"] > 1e-3  # the shrunk penalty, recorded with the key
+    recorded.write_text(json.dumps(saved))  # as a key saved before the field existed
+    with pytest.raises(ValueError, match="shrinkage: 0.0 there, 2.0 now"):
+        pipeline.run_eval(cfg, tmp_path, progress=False)
+
+
 def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_path):
     cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none")
     pipeline.run_eval(cfg, tmp_path, progress=False)

@@ -1,8 +1,11 @@
+import dataclasses
+
+import pytest
 import torch
 from sklearn.linear_model import Ridge
 
 from openstamp.config import SelectorConfig
-from openstamp.key.selector import fit_selector, rescale_rows, ridge
+from openstamp.key.selector import cluster, fit_selector, rescale_rows, ridge
 
 
 def blobs(n_per=60, k=5, d=8, seed=0):
@@ -45,3 +48,23 @@ def test_fit_selector_is_seeded():
     a, _ = fit_selector(z, z[:10], cfg)
     b, _ = fit_selector(z, z[:10], cfg)
     assert torch.equal(a, b)
+
+
+def test_shrinkage_sets_the_ridge_penalty_from_the_mean_diagonal_and_zero_keeps_the_floor():
+    z, _ = blobs()
+    base = SelectorConfig(n_lists=5, min_cluster_size=5, seed=3)
+    S0, stats0 = fit_selector(z, z[:10], base)
+    assert stats0["ridge_lambda"] == base.ridge_lambda  # f = 0: the fixed penalty, as before the option
+    S4, stats4 = fit_selector(z, z[:10], dataclasses.replace(base, shrinkage=4.0))
+    assert stats4["ridge_lambda"] == pytest.approx(4.0 * float((z.double() ** 2).sum()) / z.shape[1])
+    # same clusters, same fit otherwise: only the penalty differs, and it shrinks the rows before rescaling
+    labels = cluster(z, base).labels
+    lam = stats4["ridge_lambda"]
+    expected, _ = rescale_rows(ridge(z, labels, 5, lam), z, labels)
+    torch.testing.assert_close(S4, expected)
+    assert not torch.allclose(S0, S4)
+
+
+def test_negative_shrinkage_is_refused():
+    with pytest.raises(ValueError, match="shrinkage"):
+        SelectorConfig(shrinkage=-1.0)

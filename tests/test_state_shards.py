@@ -34,12 +34,14 @@ def test_shards_hold_exactly_the_in_memory_states(tokenizer, docs, tiny_config, 
     assert sorted(seen.tolist()) == list(range(len(index)))
 
 
-@pytest.mark.parametrize("kmeans", ["sklearn", "torch"])  # torch: the GPU path, run on the CPU
-def test_streamed_selector_matches_the_in_memory_fit(kmeans, tokenizer, docs, tiny_config, tmp_path):
+@pytest.mark.parametrize(
+    "kmeans,shrinkage", [("sklearn", 0.0), ("torch", 0.0), ("sklearn", 2.0)]
+)  # torch: the GPU path
+def test_streamed_selector_matches_the_in_memory_fit(kmeans, shrinkage, tokenizer, docs, tiny_config, tmp_path):
     model = make_model(False, len(tokenizer))
     shards = write_state_shards(model, tokenizer, docs, tiny_config.states, tmp_path, progress=False)
     train, held = split_by_document(shards, 0.1, 0)
-    cfg = dataclasses.replace(tiny_config.selector, kmeans=kmeans)
+    cfg = dataclasses.replace(tiny_config.selector, kmeans=kmeans, shrinkage=shrinkage)
     S, stats = fit_selector_streaming(shards, train, held, None, cfg)
     hidden = shards.load(torch.arange(len(shards)))
     S_mem, stats_mem = fit_selector(hidden[train], hidden[held], cfg)
@@ -48,6 +50,9 @@ def test_streamed_selector_matches_the_in_memory_fit(kmeans, tokenizer, docs, ti
     assert stats["train_accuracy"] > 0.6 and stats["train_accuracy"] > stats_mem["train_accuracy"] - 0.2
     own = (hidden[train] @ S.T).max(-1).values.mean()  # rescaled: the winning value averages about 1
     assert 0.5 < float(own) < 2.0
+    if shrinkage:  # the penalty comes from the same states' diagonal in both fits (streamed: the kept clusters')
+        assert stats["ridge_lambda"] == pytest.approx(stats_mem["ridge_lambda"], rel=0.05)
+        assert stats["ridge_lambda"] > 100 * cfg.ridge_lambda
 
 
 def test_embed_with_device_map_and_sharded_states(tiny_model_dir, corpus_file, tmp_path):

@@ -76,7 +76,8 @@ class SelectorConfig:
 
     n_lists: int = option(254, "L, the number of k-means clusters and green lists")
     min_cluster_size: int = option(10, "clusters with fewer training states are dropped")
-    ridge_lambda: float = option(1e-3, "lambda of the closed-form ridge regression")
+    ridge_lambda: float = option(1e-3, "lambda of the closed-form ridge regression (its floor when shrinkage > 0)")
+    shrinkage: float = option(0.0, "f: ridge lambda = max(f * tr(Z^T Z) / d, ridge_lambda) over the fitted states")
     rescale: bool = option(True, "scale rows so the winning selector value averages 1 on its own cluster")
     heldout_fraction: float = option(0.1, "states held out to report accuracy and effective strength")
     kmeans_max_iter: int = option(100, "k-means iterations")
@@ -87,6 +88,7 @@ class SelectorConfig:
         check(self.n_lists >= 2, "selector.n_lists must be >= 2")
         check(self.min_cluster_size >= 1, "selector.min_cluster_size must be >= 1")
         check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
+        check(self.shrinkage >= 0, "selector.shrinkage must be >= 0")
         check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
         check(self.kmeans in ("auto", "torch", "sklearn"), "selector.kmeans must be auto, torch or sklearn")
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from openstamp.config import SelectorConfig, StatesConfig
 from openstamp.hidden import plan_windows, window_batches
 from openstamp.key.kmeans import assign, kmeans_streamed
-from openstamp.key.selector import accuracy, kmeans_device
+from openstamp.key.selector import accuracy, kmeans_device, ridge_lambda
 
 KMEANS_EPOCHS = 5  # passes of mini-batch k-means over the training states
 KMEANS_ROUNDS = 30  # most Lloyd rounds (passes) of streamed torch k-means
@@ -168,7 +168,8 @@ def fit_selector_streaming(
         x = z[keep].to(device, torch.float64)
         gram += x.T @ x
         xty.index_add_(1, y[keep].to(device), x.T)
-    gram += cfg.ridge_lambda * torch.eye(k, dtype=torch.float64, device=device)
+    lam = ridge_lambda(cfg, float(gram.trace()), k)
+    gram += lam * torch.eye(k, dtype=torch.float64, device=device)
     S = torch.linalg.solve(gram, xty).T.float().cpu()
     factors = torch.ones(len(kept))
     if cfg.rescale:
@@ -192,6 +193,7 @@ def fit_selector_streaming(
         "rescale_factor_min": float(factors.min()),
         "rescale_factor_max": float(factors.max()),
         "kmeans": method,
+        "ridge_lambda": lam,
     }
     return S, stats
 

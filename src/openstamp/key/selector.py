@@ -34,6 +34,12 @@ def ridge(z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, int
     return torch.linalg.solve(gram, x.T @ y).T.float()
 
 
+def ridge_lambda(cfg: SelectorConfig, trace: float, width: int) -> float:
+    """The ridge penalty: ``cfg.shrinkage`` f times the mean diagonal of Z^T Z (``trace`` / ``width``), floored at
+    ``cfg.ridge_lambda``. Shrinkage pulls S towards smaller, smoother selections before its rows are rescaled."""
+    return max(cfg.shrinkage * trace / width, cfg.ridge_lambda)
+
+
 def kmeans_device(cfg: SelectorConfig) -> str | None:
     """Where torch k-means runs, or None for scikit-learn's (``cfg.kmeans``: auto picks torch on a GPU)."""
     gpu = torch.cuda.is_available()
@@ -111,7 +117,8 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
     train_labels = remap[labels]
     in_kept = train_labels >= 0
     z_fit, y_fit = z_train[in_kept], train_labels[in_kept]
-    S = ridge(z_fit, y_fit, len(kept), cfg.ridge_lambda)
+    lam = ridge_lambda(cfg, float((z_fit.double() ** 2).sum()), z_fit.shape[1])
+    S = ridge(z_fit, y_fit, len(kept), lam)
     factors = torch.ones(len(kept))
     if cfg.rescale:
         S, factors = rescale_rows(S, z_fit, y_fit)
@@ -129,5 +136,6 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
         "rescale_factor_min": float(factors.min()),
         "rescale_factor_max": float(factors.max()),
         "kmeans": clusters.method,
+        "ridge_lambda": lam,
     }
     return S, stats

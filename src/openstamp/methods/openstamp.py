@@ -24,6 +24,7 @@ class OpenStampConfig:
     n_lists: int = option(254, "L, k-means clusters / green lists")
     projection: bool = option(True, "train P on sentence embeddings; False is the paper's 'w/o sem-align'")
     profile: str = option("default", "embedding profile for states, P and S")
+    shrinkage: float = option(0.0, "selector shrinkage f: ridge lambda = f * tr(Z^T Z) / d (selector.shrinkage)")
     min_tokens: int = option(16, "texts with fewer scored tokens get no score")
 
 
@@ -46,6 +47,7 @@ class OpenStamp(WatermarkMethod):
     strength = "delta"
     sweep = (0.3, 0.6, 0.9, 1.2)
     key_fields = ("key",)
+    added_settings = {"shrinkage": 0.0}  # keys built before the field existed fitted S without shrinkage
     key: WatermarkKey
     _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector made
 
@@ -55,6 +57,7 @@ class OpenStamp(WatermarkMethod):
                 "green.delta": self.config.delta,
                 "green.gamma": self.config.gamma,
                 "selector.n_lists": self.config.n_lists,
+                "selector.shrinkage": self.config.shrinkage,
                 "projection.enabled": self.config.projection,
                 "states.seed": seed,
                 "selector.seed": seed,
