@@ -94,6 +94,6 @@ def test_the_equal_cost_table_puts_the_cheapest_trade_off_first_and_says_where_a
     results = {"summary": SUMMARY, "config": {"n": 100, "seeds": [0], "new_tokens": 64}}
     rows = [line for line in equal_cost_table(results) if line.startswith("| ") and "---" not in line][1:]
     assert [row.split(" | ")[0] for row in rows] == ["| openstamp", "| kgw"]  # 0.95 at +5.0%...+20%; kgw never
-    assert "not reached (best 0.500 at +30.0%)" in rows[1]
+    assert "above +30.0% (0.500 there, its costliest strength)" in rows[1]
     assert rows[0].split(" | ")[1] == "0.900"  # TPR at +5% own PPL: openstamp's strength 0.5 sits there
     assert equal_cost_table({"summary": SUMMARY[4:5], "config": results["config"]}) == []  # one point: no curve

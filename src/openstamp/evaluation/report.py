@@ -167,9 +167,8 @@ def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tp
         cells = [_at_cost(mean, low, high, rate.text) for mean, low, high in read["tpr"]]
         reach, early, late = read["cost"]
         curve = points(summary, method, cost, tpr)
-        if reach is None:
-            best = max(curve, key=lambda p: p[1])
-            text = f"not reached (best {rate.text(best[1])} at {metric.text(best[0])})"
+        if reach is None:  # any crossing lies past the costliest strength swept
+            text = f"above {metric.text(curve[-1][0])} ({rate.text(curve[-1][1])} there, its costliest strength)"
         else:
             text = ("≤ " if reach == read["cheapest"] else "") + metric.text(reach)
             if early is not None:
@@ -181,7 +180,8 @@ def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tp
         f"At equal cost: each method's {rate.label} at full length ({new} new tokens) where its {metric.label} is "
         f"{', '.join(metric.text(c) for c in EQUAL_COSTS)}, and the {metric.label} at which it first reaches "
         f"{rate.label} {TARGET_TPR:g}; read off its curve, linear between its strengths, [95% range] from the curves "
-        "through each strength's interval ends; '-' outside the strengths swept. Cheapest first.",
+        "through each strength's interval ends; '-' outside the strengths swept. Cheapest first; a method whose "
+        "strengths do not reach it comes last.",
         "",
         f"| method | {' | '.join(f'at {metric.text(c)}' for c in EQUAL_COSTS)} | {metric.label} for {TARGET_TPR:g} |",
         "|---|" + "---:|" * (len(EQUAL_COSTS) + 1),
