@@ -254,15 +254,21 @@ keep() {
   done
 }
 
-stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit quantize quantize_head reinit inversion
-  finetune fade merge prune instruct paraphrase paraphrase64)
-for stage in "${stages[@]}"; do
-  fn=$stage
-  [ "$stage" = eval ] && fn=eval_run
-  echo "[reference] $stage: log in runs/logs/$stage.log"
-  start=$(date +%s)
-  $fn > "runs/logs/$stage.log" 2>&1
-  echo "[reference] $stage: $(( ($(date +%s) - start) / 60 )) min"
-  keep
-done
+main() {
+  local stages=("$@")
+  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit
+    quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64)
+  for stage in "${stages[@]}"; do
+    local fn=$stage
+    [ "$stage" = eval ] && fn=eval_run
+    echo "[reference] $stage: log in runs/logs/$stage.log"
+    local start=$(date +%s)
+    $fn > "runs/logs/$stage.log" 2>&1
+    echo "[reference] $stage: $(( ($(date +%s) - start) / 60 )) min"
+    keep
+  done
+}
+# bash reads a script as it runs it: parsed whole as a function, and left by exit, this file can be edited while a
+# stage runs without the run reading the edit
+main "$@"
+exit
