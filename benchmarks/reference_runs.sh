@@ -93,20 +93,21 @@ sweep() {
   cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
 }
 shrinkage() {
-  # OpenStamp with selector shrinkage f (selector.shrinkage: ridge lambda = f * tr(Z^T Z) / d; on 32 prompts,
-  # benchmarks/low_strength.py found it buys TPR at equal cost) on the sweep's prompts, human text, strengths and
-  # seeds, each seed a shard from an empty store as in sweep(); once seeds 0, 1 and 2 are kept they are merged into
-  # benchmarks/results/shrinkage/f<f>/, whose points the summary reads against the sweep's curves at equal cost.
-  # SHRINK_F (default 4) chooses f, SHRINK_SEEDS="0" runs one seed. About 15 min a seed on 2 cores. Shrinkage
-  # raises the cost of a delta (seed 0 at f 4: +5.8% own PPL at 0.25, +25% at 0.5, +68% at 0.75, against +2.9%,
-  # +12% and +31% unshrunk), so its grid stops at 0.5 to cover the baselines' cost range (their costliest +26..+40%)
-  local f=${SHRINK_F:-4} all=(0 1 2) SHRINK_GRID=${SHRINK_GRID:-0.125, 0.25, 0.375, 0.5}
-  local K=benchmarks/results/shrinkage/f$f
+  # an OpenStamp method (SHRINK_METHOD: openstamp, the default, or openstamp-nosem) with selector shrinkage f
+  # (selector.shrinkage: ridge lambda = f * tr(Z^T Z) / d; on 32 prompts, benchmarks/low_strength.py found it buys TPR
+  # at equal cost) on the sweep's prompts, human text and seeds, each seed a shard from an empty store as in sweep();
+  # once seeds 0, 1 and 2 are kept they are merged into benchmarks/results/shrinkage/<method>-f<f>/, whose points the
+  # summary reads against the sweep's curves at equal cost. SHRINK_F (default 4) chooses f, SHRINK_SEEDS="0" runs
+  # one seed. About 15 min a seed on 2 cores. Shrinkage raises the cost of a delta (OpenStamp's seed 0 at f 4: +5.8%
+  # own PPL at 0.25, +25% at 0.5, +68% at 0.75, against +2.9%, +12% and +31% unshrunk), so its grid stops at 0.5 to
+  # cover the baselines' cost range (their costliest +26..+40%)
+  local m=${SHRINK_METHOD:-openstamp} f=${SHRINK_F:-4} all=(0 1 2) grid=${SHRINK_GRID:-0.125, 0.25, 0.375, 0.5}
+  local K=benchmarks/results/shrinkage/$m-f$f
   for seed in ${SHRINK_SEEDS:-${all[@]}}; do
     [ ! -f $K/seeds/s$seed/results.json ] || continue
-    local R=runs/shrink$f-s$seed
-    $OPENSTAMP eval "${SWEEP[@]}" --methods openstamp --set "grids={\"openstamp\": [$SHRINK_GRID]}" \
-      --set "method_settings={\"openstamp\": {\"shrinkage\": $f}}" --seeds $seed --store $R-store --out $R
+    local R=runs/shrink-$m-f$f-s$seed
+    $OPENSTAMP eval "${SWEEP[@]}" --methods $m --set "grids={\"$m\": [$grid]}" \
+      --set "method_settings={\"$m\": {\"shrinkage\": $f}}" --seeds $seed --store $R-store --out $R
     mkdir -p $K/seeds/s$seed
     cp $R/results.json $R/report.md $K/seeds/s$seed/
   done
@@ -115,8 +116,8 @@ shrinkage() {
     [ -f $K/seeds/s$seed/results.json ] || return 0
     kept+=($K/seeds/s$seed/results.json)
   done
-  $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink$f-merged
-  cp runs/shrink$f-merged/results.json runs/shrink$f-merged/report.md runs/shrink$f-merged/*.png $K/
+  $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink-$m-f$f-merged
+  cp runs/shrink-$m-f$f-merged/results.json runs/shrink-$m-f$f-merged/report.md runs/shrink-$m-f$f-merged/*.png $K/
 }
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;

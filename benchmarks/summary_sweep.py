@@ -55,7 +55,7 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
         *([""] if variants else []),
         *variants,
     ]
-    ours = ["openstamp", *(m for m in dict.fromkeys(s["method"] for s in r["summary"]) if m.startswith("openstamp ("))]
+    ours = ["openstamp", *(m for m in dict.fromkeys(s["method"] for s in r["summary"]) if " (shrinkage " in m)]
     verdicts = [x for method in ours for line in _verdicts(r, method) for x in (line, "")][:-1]
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     shown = [" ".join(f"![{name}](benchmarks/results/sweep/{name})" for name in plots)] if plots else []
@@ -104,30 +104,31 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
     return rows
 
 
-VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/f<f>/: OpenStamp with selector shrinkage f on the sweep's texts
+VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/<method>-f<f>/: an OpenStamp method with selector shrinkage f
 
 
 def with_variants(r: dict, folder: Path) -> tuple[dict, list[str]]:
-    """The sweep's results with the points of each kept OpenStamp variant (a merge under folder/../VARIANTS/f<f>/
-    of the same seeds, prompts and human text, at strengths of its own) added as a method of its own, 'openstamp
-    (shrinkage f)'; and a sentence on what was added, or why a kept variant was not."""
+    """The sweep's results with the points of each kept variant of an OpenStamp method (a merge under
+    folder/../VARIANTS/<method>-f<f>/ of the same seeds, prompts and human text, at strengths of its own) added as
+    a method of its own, '<method> (shrinkage f)'; and a sentence on what was added, or why a kept variant was not."""
     r = {**r, "summary": list(r["summary"]), "length_curve": list(r.get("length_curve", []))}
     said = []
-    for path in sorted((folder.parent / VARIANTS).glob("f*/results.json")):
+    for path in sorted((folder.parent / VARIANTS).glob("*/results.json")):
         v = json.loads(path.read_text())
-        f = v["config"]["method_settings"]["openstamp"]["shrinkage"]
-        name = f"openstamp (shrinkage {f:g})"
+        method = v["config"]["methods"][0]
+        f = v["config"]["method_settings"][method]["shrinkage"]
+        name = f"{method} (shrinkage {f:g})"
         same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
         why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
         if why:
             said.append(f"`{path.parent}` is kept but not shown: {why}.")
             continue
-        r["summary"] += [{**s, "method": name} for s in v["summary"]]
-        r["length_curve"] += [{**row, "method": name} for row in v.get("length_curve", [])]
+        r["summary"] += [{**s, "method": name} for s in v["summary"] if s["method"] == method]
+        r["length_curve"] += [{**row, "method": name} for row in v.get("length_curve", []) if row["method"] == method]
         said.append(
-            f"{name}: OpenStamp with its selector fitted under ridge shrinkage f = {f:g} (`selector.shrinkage`: "
-            f"lambda = f tr(Z^T Z) / d; `bash benchmarks/reference_runs.sh shrinkage`), on the sweep's prompts, "
-            "human text and seeds, every other setting the sweep's."
+            f"{name}: {method} with its selector fitted under ridge shrinkage f = {f:g} (`selector.shrinkage`: "
+            f"lambda = f tr(Z^T Z) / d; `SHRINK_METHOD={method} SHRINK_F={f:g} bash benchmarks/reference_runs.sh "
+            "shrinkage`), on the sweep's prompts, human text and seeds, every other setting the sweep's."
         )
     return r, said
 
