@@ -21,10 +21,10 @@ from openstamp.storage import changed_fields
 def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
     """Each method at equal cost and the verdicts; ``whole`` (RESULTS.md) adds per method and strength its TPR at
     each length and its costs, the timings and the point-by-point verdicts."""
-    r, variants = with_variants(r, folder)
+    shown_r, variants = with_variants(r, folder)  # the sweep and the variants beside it; r: the sweep alone
     c = r["config"]
     seeds = ", ".join(map(str, c["seeds"]))
-    curve = r.get("length_curve", [])
+    curve = shown_r.get("length_curve", [])
     tokens = sorted({row["tokens"] for row in curve})
     full = max(tokens, default=c["new_tokens"])
     scored = max((row["scored_tokens"] for row in curve if row["tokens"] == full), default=full)
@@ -55,15 +55,15 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
         *([""] if variants else []),
         *variants,
     ]
-    ours = ["openstamp", *(m for m in dict.fromkeys(s["method"] for s in r["summary"]) if " (shrinkage " in m)]
-    verdicts = [x for method in ours for line in _verdicts(r, method) for x in (line, "")][:-1]
+    ours = ["openstamp", *(m for m in dict.fromkeys(s["method"] for s in shown_r["summary"]) if " (shrinkage " in m)]
+    verdicts = [x for method in ours for line in _verdicts(shown_r, method) for x in (line, "")][:-1]
     plots = [name for name in ("pareto.png", "length_curve.png") if (folder / name).exists()]
     shown = [" ".join(f"![{name}](benchmarks/results/sweep/{name})" for name in plots)] if plots else []
     if not whole:
         return [
             *intro,
             "",
-            *equal_cost_table(r),
+            *equal_cost_table(shown_r),
             "",
             *verdicts,
             "",
@@ -82,7 +82,7 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
         + f" | TPR full ({scored:g} tok) | own PPL change | oracle PPL |",
         "|---|---:|" + "---:|" * (len(tokens) + 2),
     ]
-    for s in r["summary"]:
+    for s in shown_r["summary"]:
         at = {row["tokens"]: row for row in curve if (row["method"], row["strength"]) == (s["method"], s["strength"])}
         cells = [cell(at.get(t, {}).get("tpr_at_1pct_fpr")) for t in tokens[:-1]]
         cells += [fmt(s.get("tpr_at_1pct_fpr")), fmt(s.get("own_ppl_change"), "own_ppl_change")]
@@ -98,7 +98,7 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
     earlier, where = folder / BEFORE / "results.json", f"`benchmarks/results/sweep/{BEFORE}`"
     before = json.loads(earlier.read_text()) if earlier.exists() else None
     then = [against(r, before, where), resampled(r, before, where)] if before else []
-    parts = (equal_cost_table(r), verdicts, timings, current_shards(r, folder), *then, pareto_table(r))
+    parts = (equal_cost_table(shown_r), verdicts, timings, current_shards(r, folder), *then, pareto_table(shown_r))
     for part in (*parts, *later_seeds(r, folder), shown):
         rows += ["", *part] if part else []
     return rows
