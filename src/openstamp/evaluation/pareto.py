@@ -112,9 +112,9 @@ def crossing(curve: list[Point], target: float) -> float | None:
 
 
 def at_equal_cost(summary: list[dict], method: str, cost: str, levels, target: float, tpr: str = "tpr_at_1pct_fpr"):
-    """``method``'s TPR at each cost of ``levels`` (mean, low, high; None outside its range) and the cost at which it
-    reaches ``target`` (mean, from the high end, from the low end; each None where not reached)."""
+    """``method``'s TPR at each cost of ``levels`` (mean, low, high; None outside its range), the cost at which it
+    reaches ``target`` (mean, from the high end, from the low end; each None where not reached) and its curve."""
     curves = [points(summary, method, cost, tpr, end) for end in (None, 0, 1)]
     tprs = [tuple(interpolate(curve, level) for curve in curves) for level in levels]
     reach = (crossing(curves[0], target), crossing(curves[2], target), crossing(curves[1], target))
-    return {"tpr": tprs, "cost": reach, "cheapest": curves[0][0][0] if curves[0] else None}
+    return {"tpr": tprs, "cost": reach, "curve": curves[0]}

@@ -165,12 +165,11 @@ def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tp
     for method in methods:
         read = at_equal_cost(summary, method, cost, EQUAL_COSTS, TARGET_TPR, tpr)
         cells = [_at_cost(mean, low, high, rate.text) for mean, low, high in read["tpr"]]
-        reach, early, late = read["cost"]
-        curve = points(summary, method, cost, tpr)
+        (reach, early, late), curve = read["cost"], read["curve"]
         if reach is None:  # any crossing lies past the costliest strength swept
             text = f"above {metric.text(curve[-1][0])} ({rate.text(curve[-1][1])} there, its costliest strength)"
         else:
-            text = ("≤ " if reach == read["cheapest"] else "") + metric.text(reach)
+            text = ("≤ " if reach == curve[0][0] else "") + metric.text(reach)
             if early is not None:
                 last = f"beyond {metric.text(curve[-1][0])}" if late is None else metric.text(late)
                 text += f" [{metric.text(early)}, {last}]"
