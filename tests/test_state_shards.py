@@ -34,9 +34,8 @@ def test_shards_hold_exactly_the_in_memory_states(tokenizer, docs, tiny_config, 
     assert sorted(seen.tolist()) == list(range(len(index)))
 
 
-@pytest.mark.parametrize(
-    "kmeans,shrinkage", [("sklearn", 0.0), ("torch", 0.0), ("sklearn", 2.0)]
-)  # torch: the GPU path
+# torch: the GPU path, run on the CPU; shrinkage 2: both fits take the penalty from the states' diagonal
+@pytest.mark.parametrize("kmeans,shrinkage", [("sklearn", 0.0), ("torch", 0.0), ("sklearn", 2.0)])
 def test_streamed_selector_matches_the_in_memory_fit(kmeans, shrinkage, tokenizer, docs, tiny_config, tmp_path):
     model = make_model(False, len(tokenizer))
     shards = write_state_shards(model, tokenizer, docs, tiny_config.states, tmp_path, progress=False)
