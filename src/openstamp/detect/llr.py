@@ -76,6 +76,10 @@ def token_stats(
     """
     green = key.green_float.to(hidden.device)  # (V, L)
     green_t = green.T.contiguous()  # (L, V)
+    counted = None
+    if with_null and top_k is None:  # [G | 1]: one product gives every list's mass and the normaliser
+        counted = torch.cat([green, torch.ones(len(green), 1, device=hidden.device)], 1)
+        green = counted[:, :-1]
     parts = [
         _chunk_stats(
             hidden[i : i + chunk],
@@ -85,6 +89,7 @@ def token_stats(
             key,
             green,
             green_t,
+            counted,
             head_is_watermarked,
             with_null,
             top_k,
@@ -134,49 +139,68 @@ class _OnlineLSE:
         return self.sum.log() + self.max
 
 
-def _chunk_stats(h, x, weight, bias, key, green, green_t, head_is_watermarked, with_null, top_k, block):
-    n, delta, device = len(h), key.delta, h.device
+def _chunk_stats(h, x, weight, bias, key, green, green_t, counted, head_is_watermarked, with_null, top_k, block):
+    """One chunk of tokens, one pass over the vocabulary in blocks.
+
+    Per block: the watermarked log-sum-exp in one fused kernel, the original logits by one rank-L update, and
+    their exponentials (against a running max) multiplied once by [G | 1], which gives the green mass of every
+    list and the softmax normaliser together (the argmax list's mass is one of its columns). Without the exact
+    m (``with_null`` False, or ``top_k``) the normaliser and the argmax list's mass are summed instead.
+    """
+    n, L, delta, device = len(h), green.shape[1], key.delta, h.device
     s = key.selector_values(h)  # (n, L) fp32
     selected = s.argmax(-1)
-    lse_wm, lse_orig = _OnlineLSE(n, device), _OnlineLSE(n, device)
-    selected_mass = torch.zeros(n, device=device)  # sum of exp(z_orig - max) over the argmax list
-    exact = with_null and top_k is None
-    green_mass = torch.zeros(n, green.shape[1], device=device) if exact else None  # exact m, unnormalised
+    lse_wm = torch.full((n,), -math.inf, device=device)
+    running = torch.full((n,), -math.inf, device=device)  # the original logits' running max
+    exact = counted is not None
+    if exact:
+        mass = torch.zeros(n, L + 1, device=device)  # sum of exp(z_orig - running max) times [G | 1], per token
+    else:
+        total, selected_mass = torch.zeros(n, device=device), torch.zeros(n, device=device)
     top_values, top_index = [], []
     for b in range(0, weight.shape[0], block):
         z = F.linear(h, weight[b : b + block], None if bias is None else bias[b : b + block]).float()
         if head_is_watermarked:  # z = U~ h; the original logits are z - w
-            lse_wm.update(z)
+            lse_wm = torch.logaddexp(lse_wm, torch.logsumexp(z, -1))
             z.addmm_(s, green_t[:, b : b + block], alpha=-delta)
         else:  # z = U h; the watermarked logits are z + w
-            lse_wm.update(torch.addmm(z, s, green_t[:, b : b + block], alpha=delta), exp_in_place=True)
+            z_wm = torch.addmm(z, s, green_t[:, b : b + block], alpha=delta)
+            lse_wm = torch.logaddexp(lse_wm, torch.logsumexp(z_wm, -1))
         if with_null and not exact:
             k = min(top_k, z.shape[1])
             values, index = torch.topk(z, k, dim=-1)
             top_values.append(values)
             top_index.append(index + b)
-        e, scale = lse_orig.update(z, exp_in_place=True)  # z now holds exp(z_orig - running max)
-        in_selected = green_t[selected, b : b + block]
-        selected_mass.mul_(scale).add_((e * in_selected).sum(-1))
+        new = torch.maximum(running, z.amax(-1))
+        scale = torch.exp(running - new)
+        running = new
+        e = z.sub_(new[:, None]).exp_()  # exp(z_orig - running max)
         if exact:
-            green_mass.mul_(scale[:, None]).addmm_(e, green[b : b + block])
+            mass.mul_(scale[:, None]).addmm_(e, counted[b : b + block])
+        else:
+            total.mul_(scale).add_(e.sum(-1))
+            selected_mass.mul_(scale).add_((e * green_t[selected, b : b + block]).sum(-1))
+    if exact:
+        total, green_mass = mass[:, L], mass[:, :L]
+        selected_mass = green_mass.gather(1, selected[:, None]).squeeze(1)
+    lse_orig = total.log() + running
     g_x = green[x]  # (n, L) membership of each scored token in every list
-    llr = delta * (s * g_x).sum(-1) - lse_wm.value() + lse_orig.value()
+    llr = delta * (s * g_x).sum(-1) - lse_wm + lse_orig
     is_green = g_x.gather(1, selected[:, None]).squeeze(1) > 0
-    discrete = delta * is_green.float() - torch.log1p(math.expm1(delta) * selected_mass / lse_orig.sum)
+    discrete = delta * is_green.float() - torch.log1p(math.expm1(delta) * selected_mass / total)
     residual, centred = None, torch.full_like(llr, float("nan"))
     if exact:
-        residual = g_x - green_mass / lse_orig.sum[:, None]
+        residual = g_x - green_mass / total[:, None]
         centred = delta * (s * residual).sum(-1)
     elif with_null:
         values, index = torch.cat(top_values, 1), torch.cat(top_index, 1)
         values, pick = torch.topk(values, min(top_k, values.shape[1]), dim=-1)
         index = index.gather(1, pick)
-        p_top = torch.exp(values - lse_orig.value()[:, None])  # (n, k) original probabilities
+        p_top = torch.exp(values - lse_orig[:, None])  # (n, k) original probabilities
         m = torch.bmm(p_top[:, None, :], green[index]).squeeze(1) + key.gamma * (1 - p_top.sum(-1, keepdim=True))
         residual = g_x - m
         centred = delta * (s * residual).sum(-1)
-    return TokenStats(llr, centred, discrete, is_green, selected, s, residual, lse_orig.value())
+    return TokenStats(llr, centred, discrete, is_green, selected, s, residual, lse_orig)
 
 
 def permutation_pvalue(

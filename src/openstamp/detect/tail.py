@@ -86,34 +86,38 @@ def tail_terms(
     """
     device = hidden.device
     green_t = key.green_float.to(device).T  # (L, V)
+    never = torch.tensor(key.never_green, dtype=torch.long, device=device)
     eligible = torch.ones(key.vocab_size, dtype=torch.bool, device=device)
-    eligible[torch.tensor(key.never_green, dtype=torch.long, device=device)] = False
+    eligible[never] = False
     s = selector.to(device).float()
+    lse = lse_orig.to(device)[:, None]
     tokens = torch.unique(targets[eligible[targets]])  # Q: the eligible tokens of the text
     in_text = torch.zeros(key.vocab_size, dtype=torch.bool, device=device)
     in_text[tokens] = True
     b_text = torch.zeros(s.shape[1], len(tokens), dtype=torch.float64, device=device)
-    total_sumsq, rest_max = 0.0, 0.0
+    rest_sumsq, rest_max = 0.0, 0.0
     mass = torch.zeros(len(hidden), dtype=torch.float64, device=device)  # p_t(E)
     for b in range(0, weight.shape[0], block):
         z = F.linear(hidden, weight[b : b + block], None if bias is None else bias[b : b + block]).float()
         if head_is_watermarked:
             z.addmm_(s, green_t[:, b : b + block], alpha=-key.delta)
-        p = torch.exp(z - lse_orig.to(device)[:, None]) * eligible[b : b + block]
+        p = z.sub_(lse).exp_()  # the original probabilities, in place
+        p[:, never[(never >= b) & (never < b + block)] - b] = 0.0  # only the eligible tokens
         mass += p.sum(-1, dtype=torch.float64)
-        part = (s.T @ p).double()  # (L, block): B restricted to this block
-        total_sumsq += float((part * part).sum())
+        part = s.T @ p  # (L, block): B restricted to this block
         here = in_text[b : b + block]
         if here.any():
             columns = torch.searchsorted(tokens, torch.nonzero(here).flatten() + b)
-            b_text[:, columns] = part[:, here]
+            b_text[:, columns] = part[:, here].double()
             part[:, here] = 0.0
-        rest_max = max(rest_max, float(part.abs().max()) if part.numel() else 0.0)
+        if part.numel():  # every other token: the sum of squares and the largest |c|
+            rest_sumsq += float(part.square().sum(dtype=torch.float64))
+            low, high = torch.aminmax(part)
+            rest_max = max(rest_max, -float(low), float(high))
     a_text = torch.zeros_like(b_text)
     is_eligible = eligible[targets]
     a_text.index_add_(1, torch.searchsorted(tokens, targets[is_eligible]), s[is_eligible].double().T)
     coefficients = (a_text - b_text).T  # (U, L)
-    rest_sumsq = max(total_sumsq - float((b_text * b_text).sum()), 0.0)
     weights = s.double().sum(-1)
     mean = key.delta * key.gamma * float((weights * (is_eligible.double() - mass)).sum())
     return TailTerms(statistic - mean, coefficients.cpu(), rest_sumsq, rest_max)
