@@ -375,6 +375,30 @@ def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
     assert {(r["method"], r["tokens"]) for r in results["length_curve"]} == {(m, t) for m in methods for t in (16, 32)}
 
 
+def test_the_eval_scores_decide_at_its_p_level_so_openstamp_skips_its_tail_bound(tmp_path, monkeypatch):
+    # the tail bound only refines p-values below the permutation test's floor (test_detect covers that the
+    # decisions at the level are the same without it); here: every score the eval makes is asked for at LEVEL
+    from types import SimpleNamespace
+
+    from openstamp.detect import detector
+    from openstamp.evaluation import scoring
+    from openstamp.evaluation.lengths import LEVEL
+
+    levels = []
+
+    def score_dicts(method, model, tokenizer, texts, batch, memo=None):
+        levels.append(detector._NEEDED.level)
+        return [{"score": 1.0, "p_value": 0.5, "n_tokens": 2, "extra": {}} for _ in texts]
+
+    monkeypatch.setattr(scoring, "score_dicts", score_dicts)
+    monkeypatch.setattr(scoring, "load_generations", lambda out, name: [[1, 2, 3]])
+    tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["text"] * len(ids))
+    cfg = SimpleNamespace(score_batch_size=4)
+    scoring.score_run(tmp_path, "openstamp@1/s0", "openstamp@1/s0", None, None, tokenizer, [{"human": [4, 5]}], 0, cfg)
+    assert levels == [LEVEL] * 3  # watermarked, human, unwatermarked
+    assert getattr(detector._NEEDED, "level", 0.0) == 0.0  # and only there
+
+
 def test_length_curve_maths():
     from openstamp.evaluation.lengths import curve, run_lengths
 

@@ -20,8 +20,9 @@ run the decoder run it once per text, whatever the number of lengths.
 
 The curve decides only p <= 0.01 (``LEVEL``), so OpenStamp's detector scores the cut texts without its tail
 bound (``openstamp.detect.detector.p_values_down_to``: it refines only p-values below the permutation test's
-floor of 1/1001, which decide p <= 0.01 alike), and takes the per-token statistics of a cut text from the full
-text's (``openstamp.detect.memo``): its length curve runs neither the decoder nor the vocabulary pass again.
+floor of 1/(K + 1) = 0.001, which decide p <= 0.01 alike), as the full texts are scored, and takes the per-token
+statistics of a cut text from the full text's (``openstamp.detect.memo``): its length curve runs neither the decoder
+nor the vocabulary pass again.
 
 The scores are cached in ``scores/lengths/<run>.json``, one file per run; each length records the
 ids it cut (``ids``), and a length cached with another cut is scored again.
@@ -38,7 +39,7 @@ from openstamp.evaluation.metrics import auroc, tpr_at_fpr
 from openstamp.methods.base import score_dicts
 from openstamp.storage import atomic_write_json, read_json
 
-LEVEL = 0.01  # the p-value level the curve decides at (flagged_at_p_0.01)
+LEVEL = 0.01  # the p-value level the eval decides at (flagged_at_p_0.01), in its scores and its length curve
 
 
 def run_lengths(lengths: tuple[int, ...], new_tokens: int) -> list[int]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from openstamp.config import EvalConfig
 from openstamp.evaluation.downstream import change as downstream_change
-from openstamp.evaluation.lengths import mean_curve, run_curve
+from openstamp.evaluation.lengths import LEVEL, mean_curve, run_curve
 from openstamp.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr, tpr_at_fpr_ci
 from openstamp.evaluation.oracle import load_perplexities
 from openstamp.evaluation.own_ppl import change, perplexity
@@ -63,10 +63,10 @@ def detection_metrics(scores: dict) -> dict:
     # a method that gives p-values; a text it refused as too short is not flagged
     if any(r["p_value"] is not None for r in scores["watermarked"]):
         p_values = [1.0 if r["p_value"] is None else r["p_value"] for r in scores["watermarked"]]
-        out["flagged_at_p_0.01"] = float(np.mean(np.array(p_values) <= 0.01))
+        out["flagged_at_p_0.01"] = float(np.mean(np.array(p_values) <= LEVEL))
         for negatives in ("human", "unwatermarked"):  # the false-positive rate of the p-value's decision
             out[f"{negatives}_flagged_at_p_0.01"] = float(
-                np.mean([r["p_value"] <= 0.01 for r in scores[negatives] if r["p_value"] is not None])
+                np.mean([r["p_value"] <= LEVEL for r in scores[negatives] if r["p_value"] is not None])
             )
     return out
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from openstamp.detect.detector import p_values_down_to
+from openstamp.evaluation.lengths import LEVEL
 from openstamp.evaluation.results import load_generations
 from openstamp.methods.base import score_dicts
 from openstamp.models import load_model
@@ -56,7 +58,11 @@ def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress
 
 def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg, memo=None) -> None:
     """The run's detector on its watermarked text and on both negative sets, all as decoded text (``memo``: see
-    ``openstamp.methods.base.score_dicts``)."""
+    ``openstamp.methods.base.score_dicts``).
+
+    The eval decides p <= ``LEVEL`` only, so OpenStamp's detector skips its tail bound here, as in the length
+    curve (``openstamp.detect.detector.p_values_down_to``): a watermarked text's p-value stops at the permutation
+    test's floor 1/(K + 1) = 0.001, where `openstamp detect` goes on below it. Every decision is the same."""
     path = out / "scores" / f"{run.replace('/', '_')}.json"
     if path.exists():
         return
@@ -68,7 +74,8 @@ def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg, 
     scores = {}
     for name, ids in sets.items():
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        scores[name] = score_dicts(method, model, tokenizer, texts, cfg.score_batch_size, memo)
+        with p_values_down_to(LEVEL):
+            scores[name] = score_dicts(method, model, tokenizer, texts, cfg.score_batch_size, memo)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, scores)
 
