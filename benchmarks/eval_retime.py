@@ -11,6 +11,16 @@ of the last entry, and compares every perplexity file of RUN (the dtype the last
 one kept in PPL_BEFORE: per text, the relative difference. With ``--results-before`` (RUN's results.json as it
 was before, copied aside), it also lists every length-curve figure and every metric but the oracle's that differs
 between the two. Writes benchmarks/results/eval_retime.json.
+
+To time a change of the detector alone on one machine in one session, score the same folder twice, with the code
+before and after (the oracle is not run again, so leave out --ppl-before), and compare the last two invocations:
+
+    rm RUN/scores/openstamp*.json RUN/scores/lengths/openstamp*.json RUN/results.json   # then, with the old code:
+    openstamp eval --model smollm2-135m --n 200 --out RUN && cp RUN/results.json RESULTS_BEFORE
+    rm RUN/scores/openstamp*.json RUN/scores/lengths/openstamp*.json RUN/results.json   # then, with the new code:
+    openstamp eval --model smollm2-135m --n 200 --out RUN
+    python benchmarks/eval_retime.py --run RUN --results-before RESULTS_BEFORE --invocations -2 -1 \
+        --name score_retime --change "what changed"
 """
 
 from __future__ import annotations
@@ -31,23 +41,68 @@ STAGES = ("score", "lengths")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, required=True)
-    parser.add_argument("--ppl-before", type=Path, required=True)
+    parser.add_argument(
+        "--ppl-before", type=Path, help="the perplexity files before (left out: the oracle is not compared)"
+    )
     parser.add_argument("--results-before", type=Path)
+    parser.add_argument(
+        "--invocations",
+        type=int,
+        nargs=2,
+        default=(0, -1),
+        metavar=("BEFORE", "AFTER"),
+        help="which of the invocations that scored OpenStamp to compare (Python indices)",
+    )
+    parser.add_argument("--name", default="eval_retime", help="the results file: benchmarks/results/NAME.json")
+    parser.add_argument("--change", help="what changed between the two invocations, for the summary")
     args = parser.parse_args()
     history = json.loads((args.run / "timings.json").read_text())
     timed = [e for e in history if any(m in e.get("methods", {}) for m in METHODS)]
     if len(timed) < 2:
         raise SystemExit(f"{args.run}/timings.json holds {len(timed)} invocation(s) that scored OpenStamp; need 2")
-    first, last = timed[0], timed[-1]
+    first, last = timed[args.invocations[0]], timed[args.invocations[1]]
     seconds = {
         m: {s: {"before": first["methods"][m].get(s), "after": last["methods"][m].get(s)} for s in STAGES}
         for m in METHODS
     }
-    config = json.loads((args.run / "config.json").read_text())
+    changed = _changed(json.loads(args.results_before.read_text()), args.run) if args.results_before else None
+    result = {
+        "settings": {
+            "run": str(args.run),
+            "ppl_before": args.ppl_before and str(args.ppl_before),
+            "change": args.change,
+        },
+        "invocations": {"before": first["started"], "after": last["started"]},
+        "machines": [first["machine"], last["machine"]],
+        "seconds": seconds,
+        "changed_besides_the_oracle": changed,
+        "oracle": _oracle(args.run, args.ppl_before, last) if args.ppl_before else None,
+    }
+    write_result(args.name, result)
+    print(
+        "OpenStamp in the eval, before -> after (s): "
+        + "; ".join(
+            f"{m}: " + ", ".join(f"{s} {v['before']:.0f} -> {v['after']:.0f}" for s, v in seconds[m].items())
+            for m in METHODS
+        )
+        + (
+            ""
+            if result["oracle"] is None
+            else f". Oracle ({', '.join(result['oracle']['dtypes'])}): {result['oracle']['seconds_after']:.0f} s for "
+            f"{result['oracle']['sets']} sets, {result['oracle']['texts']} texts; per-text perplexity differs by at "
+            f"most {result['oracle']['max_abs_relative_difference']:.2%}"
+        )
+        + ("" if changed is None else f"; other figures that changed: {len(changed)}")
+    )
+
+
+def _oracle(run: Path, ppl_before: Path, last: dict) -> dict:
+    """Every perplexity file of ``run`` against the one kept in ``ppl_before``: per text, the relative difference."""
+    config = json.loads((run / "config.json").read_text())
     agreement, dtypes = {}, set()
-    for path in sorted((args.run / "ppl").glob("*.json")):
+    for path in sorted((run / "ppl").glob("*.json")):
         now = load_perplexities(path, config["dtype"])
-        then = load_perplexities(args.ppl_before / path.name, config["dtype"])
+        then = load_perplexities(ppl_before / path.name, config["dtype"])
         dtypes.add((then["dtype"], now["dtype"]))
         a, b = np.array(then["values"], dtype=np.float64), np.array(now["values"], dtype=np.float64)
         relative = b / a - 1
@@ -57,34 +112,14 @@ def main() -> None:
             "median_after": float(np.nanmedian(b)),
             "max_abs_relative_difference": float(np.nanmax(np.abs(relative))),
         }
-    changed = _changed(json.loads(args.results_before.read_text()), args.run) if args.results_before else None
-    worst = max(v["max_abs_relative_difference"] for v in agreement.values())
-    result = {
-        "settings": {"run": str(args.run), "ppl_before": str(args.ppl_before)},
-        "invocations": {"before": first["started"], "after": last["started"]},
-        "machines": [first["machine"], last["machine"]],
-        "seconds": seconds,
-        "changed_besides_the_oracle": changed,
-        "oracle": {
-            "dtypes": sorted({f"{a} -> {b}" for a, b in dtypes}),
-            "seconds_after": last["seconds"].get("oracle"),
-            "sets": len(agreement),
-            "texts": sum(v["texts"] for v in agreement.values()),
-            "max_abs_relative_difference": worst,
-            "per_set": agreement,
-        },
+    return {
+        "dtypes": sorted({f"{a} -> {b}" for a, b in dtypes}),
+        "seconds_after": last["seconds"].get("oracle"),
+        "sets": len(agreement),
+        "texts": sum(v["texts"] for v in agreement.values()),
+        "max_abs_relative_difference": max(v["max_abs_relative_difference"] for v in agreement.values()),
+        "per_set": agreement,
     }
-    write_result("eval_retime", result)
-    print(
-        "OpenStamp in the eval, before -> after (s): "
-        + "; ".join(
-            f"{m}: " + ", ".join(f"{s} {v['before']:.0f} -> {v['after']:.0f}" for s, v in seconds[m].items())
-            for m in METHODS
-        )
-        + f". Oracle ({', '.join(result['oracle']['dtypes'])}): {result['oracle']['seconds_after']:.0f} s for "
-        f"{result['oracle']['sets']} sets, {result['oracle']['texts']} texts; per-text perplexity differs by at most "
-        f"{worst:.2%}" + ("" if changed is None else f"; other figures that changed: {len(changed)}")
-    )
 
 
 def _changed(before: dict, run: Path) -> list[str]:

@@ -127,6 +127,27 @@ def eval_retime(r: dict) -> list[str]:
     ]
 
 
+def score_retime(r: dict) -> list[str]:
+    sec, machine = r["seconds"], r["machines"][-1]
+    parts = "; ".join(
+        f"{m}: " + ", ".join(f"{stage} {v['before']:.0f} -> {v['after']:.0f} s" for stage, v in stages.items())
+        for m, stages in sec.items()
+    )
+    changed = r.get("changed_besides_the_oracle")
+    return [
+        "OpenStamp's detector in the eval, timed on one machine in one session (`python benchmarks/eval_retime.py "
+        "--name score_retime`: the timed comparison's folder scored twice, with the code before and after, "
+        f"{machine['cpu']}, {machine['threads']} threads): {r['settings']['change']}: {parts}."
+        + (
+            ""
+            if changed is None
+            else " Every other figure of the results is the same."
+            if not changed
+            else f" Figures that differ: {', '.join(changed)}."
+        ),
+    ]
+
+
 def own_ppl_reuse(r: dict) -> list[str]:
     s, t = r["settings"], r["seconds"]
     grids = "; ".join(f"{name} {', '.join(map(str, grid))}" for name, grid in r["methods"].items())
@@ -675,6 +696,7 @@ def render() -> str:
         ("score_reuse", score_reuse),
         ("retied_lengths", retied_lengths),
         ("eval_retime", eval_retime),
+        ("score_retime", score_retime),
         ("own_ppl_reuse", own_ppl_reuse),
         ("own_ppl_dtype", own_ppl_dtype),
         ("eval_store", eval_store),
