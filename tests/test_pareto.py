@@ -97,3 +97,15 @@ def test_the_equal_cost_table_puts_the_cheapest_trade_off_first_and_says_where_a
     assert "above +30.0% (0.500 there, its costliest strength)" in rows[1]
     assert rows[0].split(" | ")[1] == "0.900"  # TPR at +5% own PPL: openstamp's strength 0.5 sits there
     assert equal_cost_table({"summary": SUMMARY[4:5], "config": results["config"]}) == []  # one point: no curve
+    # in words, from the same curves: openstamp reaches 0.95 at 0.05 + 0.15 * 0.05 / 0.1; at +10% it reads
+    # 0.9 + 0.1 * 0.05 / 0.15 and kgw 0.1 + 0.4 * 0.08 / 0.28
+    assert equal_cost_table(results)[-1] == (
+        "In short: ranked by the own PPL change at which TPR@1%FPR reaches 0.95, among the methods whose strengths "
+        "reach it (1): openstamp 1st (+12.5%). At +10.0%, the best baseline reads 0.214 (kgw) and the best OpenStamp "
+        "method 0.933 (openstamp)."
+    )
+    swapped = [{**s, "method": {"kgw": "openstamp", "openstamp": "kgw"}[s["method"]]} for s in SUMMARY]
+    line = equal_cost_table({**results, "summary": swapped})[-1]
+    assert "(1): kgw 1st (+12.5%). Not reached within its strengths: openstamp (0.500 at +30.0%, its costliest" in line
+    only_ours = {**results, "summary": SUMMARY[:4]}
+    assert not any(line.startswith("In short") for line in equal_cost_table(only_ours))  # nothing to rank against

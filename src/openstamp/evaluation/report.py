@@ -161,15 +161,17 @@ def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tp
     methods = [m for m in dict.fromkeys(s["method"] for s in summary) if len(points(summary, m, cost, tpr)) > 1]
     if not methods:
         return []
-    rows = []
+    rows, reads = [], {}  # reads: method -> (cost of the target, its text, TPR at the middle cost)
     for method in methods:
         read = at_equal_cost(summary, method, cost, EQUAL_COSTS, TARGET_TPR, tpr)
         cells = [_at_cost(mean, low, high, rate.text) for mean, low, high in read["tpr"]]
         (reach, early, late), curve = read["cost"], read["curve"]
         if reach is None:  # any crossing lies past the costliest strength swept
             text = f"above {metric.text(curve[-1][0])} ({rate.text(curve[-1][1])} there, its costliest strength)"
+            reads[method] = (math.inf, f"{rate.text(curve[-1][1])} at {metric.text(curve[-1][0])}", read["tpr"][1][0])
         else:
             text = ("≤ " if reach == curve[0][0] else "") + metric.text(reach)
+            reads[method] = (reach, text, read["tpr"][1][0])
             if early is not None:
                 last = f"beyond {metric.text(curve[-1][0])}" if late is None else metric.text(late)
                 text += f" [{metric.text(early)}, {last}]"
@@ -185,7 +187,40 @@ def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tp
         f"| method | {' | '.join(f'at {metric.text(c)}' for c in EQUAL_COSTS)} | {metric.label} for {TARGET_TPR:g} |",
         "|---|" + "---:|" * (len(EQUAL_COSTS) + 1),
         *[line for _, line in sorted(rows, key=lambda row: row[0])],
+        *_ranking(reads, metric, rate),
     ]
+
+
+def _ranking(reads: dict, metric, rate) -> list[str]:
+    """In words: where each OpenStamp method ranks by the cost of the target (among the methods that reach it within
+    their strengths), and the best TPR at the middle cost of OpenStamp's methods against the baselines'."""
+    ranked = sorted((m for m in reads if reads[m][0] < math.inf), key=lambda m: reads[m][0])
+    ours = [m for m in reads if m.startswith("openstamp")]
+    if not ours or len(ours) == len(reads):
+        return []
+    places = [f"{m} {_ordinal(ranked.index(m) + 1)} ({reads[m][1]})" for m in ranked if m == ranked[0] or m in ours]
+    short = [f"{m} ({reads[m][1]}, its costliest strength)" for m in ours if m not in ranked]
+    line = (
+        f"In short: ranked by the {metric.label} at which {rate.label} reaches {TARGET_TPR:g}, among the methods "
+        f"whose strengths reach it ({len(ranked)}): {', '.join(places) or 'none'}."
+        + (f" Not reached within its strengths: {', '.join(short)}." if short else "")
+    )
+
+    def best(group):
+        return max((m for m in group if reads[m][2] is not None), key=lambda m: reads[m][2], default=None)
+
+    middle = EQUAL_COSTS[len(EQUAL_COSTS) // 2]
+    theirs, mine = best(m for m in reads if m not in ours), best(ours)
+    if theirs is not None and mine is not None:
+        line += (
+            f" At {metric.text(middle)}, the best baseline reads {rate.text(reads[theirs][2])} ({theirs}) and the "
+            f"best OpenStamp method {rate.text(reads[mine][2])} ({mine})."
+        )
+    return ["", line]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}" + ("th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th"))
 
 
 def _at_cost(mean, low, high, text) -> str:
