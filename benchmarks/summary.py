@@ -104,12 +104,25 @@ def retied_lengths(r: dict) -> list[str]:
     ]
 
 
-def eval_retime(r: dict) -> list[str]:
-    sec, o = r["seconds"], r["oracle"]
+def _retimed(r: dict) -> tuple[str, str]:
+    """An eval_retime result's seconds before -> after per method and stage, and what else changed, in words."""
     parts = "; ".join(
         f"{m}: " + ", ".join(f"{stage} {v['before']:.0f} -> {v['after']:.0f} s" for stage, v in stages.items())
-        for m, stages in sec.items()
+        for m, stages in r["seconds"].items()
     )
+    changed = r.get("changed_besides_the_oracle")
+    if changed is None:
+        return parts, ""
+    return parts, (
+        " Every other figure of the results (each run's metrics and length curve) is the same."
+        if not changed
+        else f" Other figures that differ: {', '.join(changed)}."
+    )
+
+
+def eval_retime(r: dict) -> list[str]:
+    o = r["oracle"]
+    parts, changed = _retimed(r)
     return [
         "The same in the eval itself (`python benchmarks/eval_retime.py`: the timed comparison's folder, scored "
         "again with the current code after deleting OpenStamp's and no-projection's score and length files; "
@@ -117,34 +130,17 @@ def eval_retime(r: dict) -> list[str]:
         f"each detector keeping its texts' per-token statistics for their cut texts: {parts}. The same invocation "
         f"scored the oracle's {o['sets']} sets ({o['texts']} texts) again ({', '.join(o['dtypes'])}) in "
         f"{o['seconds_after']:.0f} s; each text's perplexity moved by at most {o['max_abs_relative_difference']:.2%}."
-        + (
-            ""
-            if (changed := r.get("changed_besides_the_oracle")) is None
-            else " Every other figure of the results (each run's metrics and length curve) is the same."
-            if not changed
-            else f" Other figures that differ: {', '.join(changed)}."
-        ),
+        + changed,
     ]
 
 
 def score_retime(r: dict) -> list[str]:
-    sec, machine = r["seconds"], r["machines"][-1]
-    parts = "; ".join(
-        f"{m}: " + ", ".join(f"{stage} {v['before']:.0f} -> {v['after']:.0f} s" for stage, v in stages.items())
-        for m, stages in sec.items()
-    )
-    changed = r.get("changed_besides_the_oracle")
+    machine = r["machines"][-1]
+    parts, changed = _retimed(r)
     return [
         "OpenStamp's detector in the eval, timed on one machine in one session (`python benchmarks/eval_retime.py "
         "--name score_retime`: the timed comparison's folder scored twice, with the code before and after, "
-        f"{machine['cpu']}, {machine['threads']} threads): {r['settings']['change']}: {parts}."
-        + (
-            ""
-            if changed is None
-            else " Every other figure of the results is the same."
-            if not changed
-            else f" Figures that differ: {', '.join(changed)}."
-        ),
+        f"{machine['cpu']}, {machine['threads']} threads): {r['settings']['change']}: {parts}." + changed,
     ]
 
 
