@@ -152,6 +152,7 @@ def length_table(results: dict) -> list[str]:
 
 EQUAL_COSTS = (0.05, 0.10, 0.20)  # own-perplexity changes the equal-cost table reads each curve at
 TARGET_TPR = 0.95  # and the TPR whose cost it gives (issue 15's target: 0.95 at 64 tokens for at most +10%)
+MIDDLE = len(EQUAL_COSTS) // 2  # the index of the cost the table's sentence compares the best TPRs at
 
 
 def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tpr_at_1pct_fpr") -> list[str]:
@@ -161,17 +162,21 @@ def equal_cost_table(results: dict, cost: str = "own_ppl_change", tpr: str = "tp
     methods = [m for m in dict.fromkeys(s["method"] for s in summary) if len(points(summary, m, cost, tpr)) > 1]
     if not methods:
         return []
-    rows, reads = [], {}  # reads: method -> (cost of the target, its text, TPR at the middle cost)
+    rows, reads = [], {}  # reads: method -> (cost of the target, its text, TPR at EQUAL_COSTS[MIDDLE])
     for method in methods:
         read = at_equal_cost(summary, method, cost, EQUAL_COSTS, TARGET_TPR, tpr)
         cells = [_at_cost(mean, low, high, rate.text) for mean, low, high in read["tpr"]]
         (reach, early, late), curve = read["cost"], read["curve"]
         if reach is None:  # any crossing lies past the costliest strength swept
             text = f"above {metric.text(curve[-1][0])} ({rate.text(curve[-1][1])} there, its costliest strength)"
-            reads[method] = (math.inf, f"{rate.text(curve[-1][1])} at {metric.text(curve[-1][0])}", read["tpr"][1][0])
+            reads[method] = (
+                math.inf,
+                f"{rate.text(curve[-1][1])} at {metric.text(curve[-1][0])}",
+                read["tpr"][MIDDLE][0],
+            )
         else:
             text = ("≤ " if reach == curve[0][0] else "") + metric.text(reach)
-            reads[method] = (reach, text, read["tpr"][1][0])
+            reads[method] = (reach, text, read["tpr"][MIDDLE][0])
             if early is not None:
                 last = f"beyond {metric.text(curve[-1][0])}" if late is None else metric.text(late)
                 text += f" [{metric.text(early)}, {last}]"
@@ -209,7 +214,7 @@ def _ranking(reads: dict, metric, rate) -> list[str]:
     def best(group):
         return max((m for m in group if reads[m][2] is not None), key=lambda m: reads[m][2], default=None)
 
-    middle = EQUAL_COSTS[len(EQUAL_COSTS) // 2]
+    middle = EQUAL_COSTS[MIDDLE]
     theirs, mine = best(m for m in reads if m not in ours), best(ours)
     if theirs is not None and mine is not None:
         line += (
