@@ -14,7 +14,7 @@ from pathlib import Path
 
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
-from summary_para import paraphrase64
+from summary_para import paraphrase64, projection_test
 from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
@@ -738,6 +738,7 @@ def render() -> str:
     if cost.exists():
         out += strength_sweep(json.loads(cost.read_text())) + [""]
     out += pareto_sweep()
+    out += projection_test(RESULTS / "projection", "benchmarks/results/projection")
     for name, render_section in (
         ("tune", tune),
         ("tune_shrinkage", tune),
@@ -763,10 +764,11 @@ def pareto_sweep(whole: bool = True) -> list[str]:
 
 
 def headline() -> str:
-    """What the README shows: the Pareto sweep with its plots, the strength `tune` chooses and what it costs, and
-    the false-positive rate per key; the rest is in RESULTS.md."""
+    """What the README shows: the Pareto sweep with its plots, the projection under paraphrase at equal cost, the
+    strength `tune` chooses and what it costs, and the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
     out += pareto_sweep(whole=False)
+    out += projection_test(RESULTS / "projection", "benchmarks/results/projection")
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)
         if result is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from openstamp.evaluation.metrics import clopper_pearson, rate_difference_ci
+
 PROMPTS = {
     "paper": "the paper's prompt",
     "strong": "the strong prompt (the paper's, which also forbids copying more than three consecutive words)",
@@ -125,3 +127,104 @@ def _gap(ours: dict, other: dict) -> tuple[float, bool]:
 
 def _has_real(a: dict) -> bool:
     return bool(a.get("runs")) and all("real" in r and "generations" in r for r in a["runs"])
+
+
+def projection_test(folder: Path, shown: str) -> list[str]:
+    """The projection stage (``folder``): OpenStamp against no projection under paraphrase, at one strength where
+    their clean-text costs meet, pooled over seeds, per paraphrase prompt; ``shown`` is ``folder`` as the README
+    links it."""
+    own = folder / "results.json"
+    attacks = [a for a in _load(folder / "attacks").values() if a.get("attack") == "paraphrase" and _has_real(a)]
+    if not own.exists() or not attacks:
+        return []
+    ev = json.loads(own.read_text())
+    cfg, first = ev["config"], attacks[0]["settings"]
+    clean = _pooled_clean(ev["runs"])
+    strengths = {f"{s['delta']:g}" for s in cfg["method_settings"].values()}
+    shrink = {f"{s.get('shrinkage', 0):g}" for s in cfg["method_settings"].values()}
+    prompts = sorted(attacks, key=lambda a: a["settings"].get("prompt", "paper"))
+    rows = [
+        "The projection under paraphrase, at equal cost (`bash benchmarks/reference_runs.sh projection`; "
+        f"`{shown}/`): OpenStamp and the no-projection ablation, both with selector shrinkage {'/'.join(shrink)} "
+        f"at delta {'/'.join(strengths)}, where the shrinkage stage's curves meet in cost; {cfg['n']} prompts of "
+        f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, seeds "
+        f"{', '.join(map(str, cfg['seeds']))}. The first {first['n']} completions of each seed were paraphrased "
+        f"by `{first['paraphraser']}` with "
+        f"{' and, separately, '.join(PROMPTS[a['settings'].get('prompt', 'paper')] for a in prompts)}, and the "
+        f"near-copies (keeping at least {first['near_copy']:g} of the original's token 3-grams) left out, so "
+        "neither method is credited for text the paraphraser did not rewrite. TPR@1%FPR is against the eval's "
+        "human continuations at each seed's threshold, pooled over the seeds, with an exact 95% interval:",
+        "",
+        "| prompt | method | own PPL change | TPR clean [95% CI] | paraphrased | near-copies | cosine | kept "
+        "| TPR after paraphrase [95% CI] | mean score before / after (kept) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    verdicts = []
+    for attack in prompts:
+        prompt, after = attack["settings"].get("prompt", "paper"), _pooled_after(attack)
+        if not {"openstamp", "openstamp-nosem"} <= clean.keys() & after.keys():
+            continue
+        for method in ("openstamp", "openstamp-nosem"):
+            c, a = clean[method], after[method]
+            rows.append(
+                f"| {prompt} | {method} | {100 * c['cost']:+.1f}% | {_rate(c['hits'], c['n'])} | {a['n']} "
+                f"| {a['near_copies'] / a['n']:.0%} | {a['cosine']:.2f} | {a['kept']} "
+                f"| {_rate(a['hits'], a['kept'])} | {a['before']:.3f} / {a['after']:.3f} |"
+            )
+        verdicts.append(f"{prompt} prompt, " + _difference(after, "kept"))
+    lead = (
+        "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
+        "for a difference of two rates; 'not resolved' where it holds 0): on clean text "
+    )
+    return rows + ["", lead + _difference(clean, "n") + "; after paraphrase, " + "; ".join(verdicts) + ".", ""]
+
+
+def _difference(pooled: dict, n: str) -> str:
+    """OpenStamp minus no projection in ``pooled`` rates (``n``: the field that counts the texts)."""
+    ours, other = pooled["openstamp"], pooled["openstamp-nosem"]
+    low, high = rate_difference_ci(ours["hits"], ours[n], other["hits"], other[n])
+    gap = ours["hits"] / ours[n] - other["hits"] / other[n]
+    word = "the projection helps" if low > 0 else "the projection hurts" if high < 0 else "not resolved"
+    return f"{gap:+.3f} [{low:+.3f}, {high:+.3f}] ({word})"
+
+
+def _rate(hits: int, n: int) -> str:
+    low, high = clopper_pearson(hits, n)
+    return f"{hits / n:.3f} [{low:.2f}, {high:.2f}]"
+
+
+def _pooled_clean(runs: list[dict]) -> dict:
+    """Per method, over its seeds: the texts flagged at each seed's 1% FPR threshold, and the mean own PPL change."""
+    out: dict[str, dict] = {}
+    for run in runs:
+        m, n = run["metrics"], len(run["scores"]["watermarked"])
+        entry = out.setdefault(run["method"], {"hits": 0, "n": 0, "cost": 0.0, "seeds": 0})
+        entry["hits"] += round(m["tpr_at_1pct_fpr"] * n)
+        entry["n"] += n
+        entry["cost"] += m["own_ppl_change"]
+        entry["seeds"] += 1
+    for entry in out.values():
+        entry["cost"] /= entry["seeds"]
+    return out
+
+
+def _pooled_after(attack: dict) -> dict:
+    """Per method, over its seeds: paraphrases, near-copies, mean cosine, and of the paraphrases kept (not
+    near-copies) the number flagged at each seed's 1% FPR threshold and their mean score before and after."""
+    out: dict[str, dict] = {}
+    for run in attack["runs"]:
+        q, real = attack["quality"][run["generations"]], run["real"]
+        keys = ("n", "near_copies", "cosine", "kept", "hits", "before", "after")
+        entry = out.setdefault(run["method"], dict.fromkeys(keys, 0))
+        entry["n"] += q["n"]
+        entry["near_copies"] += round(q["near_copy_fraction"] * q["n"])
+        entry["cosine"] += q["cosine_mean"] * q["n"]
+        entry["kept"] += real["n"]
+        entry["hits"] += round(real["tpr_at_1pct_fpr_after"] * real["n"])
+        entry["before"] += real["mean_score_before"] * real["n"]
+        entry["after"] += real["mean_score_after"] * real["n"]
+    for entry in out.values():
+        entry["cosine"] /= entry["n"]
+        entry["before"] /= entry["kept"]
+        entry["after"] /= entry["kept"]
+    return out

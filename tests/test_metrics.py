@@ -5,10 +5,12 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from openstamp.evaluation.metrics import (
     auroc,
     bootstrap_ci,
+    rate_difference_ci,
     seq_rep_n,
     threshold_at_fpr,
     tpr_at_fpr,
     tpr_at_fpr_ci,
+    wilson,
 )
 
 
@@ -86,3 +88,21 @@ def test_tpr_bootstrap_interval_widens_with_the_keys_spread_and_is_exact_when_se
     assert width(spread) > 2 * width(same)
     assert tpr_at_fpr_ci([(np.full(50, 9.0), rng.normal(0, 1, 200))], 0.01) == (1.0, 1.0)
     assert all(np.isnan(tpr_at_fpr_ci([], 0.01)))
+
+
+@pytest.mark.parametrize(
+    ("counts", "published"),
+    [
+        # Newcombe (1998), Stat. Med. 17:873, Table II, method 10 (hybrid score), to its 4 decimals
+        ((56, 70, 48, 80), (0.0524, 0.3339)),
+        ((9, 10, 3, 10), (0.1705, 0.8090)),
+        ((5, 56, 0, 29), (-0.0381, 0.1926)),
+    ],
+)
+def test_rate_difference_interval_matches_newcombes_published_values(counts, published):
+    assert rate_difference_ci(*counts) == pytest.approx(published, abs=6e-5)
+
+
+def test_wilson_interval_matches_newcombes_single_rate_example():
+    # Newcombe (1998), Stat. Med. 17:857, 81 of 263: 0.2553 to 0.3662
+    assert wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=6e-5)

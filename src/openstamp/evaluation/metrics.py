@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import beta as beta_dist
-from scipy.stats import rankdata
+from scipy.stats import norm, rankdata
 
 from openstamp.stats import threshold_at_fpr  # also re-exported: TPR@FPR's threshold
 
@@ -140,3 +140,22 @@ def clopper_pearson(hits: int, n: int, level: float = 0.95) -> tuple[float, floa
     low = 0.0 if hits == 0 else float(beta_dist.ppf(a, hits, n - hits + 1))
     high = 1.0 if hits == n else float(beta_dist.ppf(1 - a, hits + 1, n - hits))
     return low, high
+
+
+def wilson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a rate ``p = hits / n``, with ``z`` the normal quantile of ``level``:
+    ``(p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n)``."""
+    z = norm.ppf(1 - (1 - level) / 2)
+    p = hits / n
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float((centre - half) / (1 + z * z / n)), float((centre + half) / (1 + z * z / n))
+
+
+def rate_difference_ci(hits1: int, n1: int, hits2: int, n2: int, level: float = 0.95) -> tuple[float, float]:
+    """Interval of ``p1 - p2`` for two independent rates: Newcombe's hybrid score interval (1998, method 10),
+    from the Wilson intervals ``(l1, u1)`` and ``(l2, u2)``:
+    ``d - sqrt((p1 - l1)^2 + (u2 - p2)^2)`` to ``d + sqrt((u1 - p1)^2 + (p2 - l2)^2)``."""
+    p1, p2 = hits1 / n1, hits2 / n2
+    (l1, u1), (l2, u2) = wilson(hits1, n1, level), wilson(hits2, n2, level)
+    d = p1 - p2
+    return float(d - np.hypot(p1 - l1, u2 - p2)), float(d + np.hypot(u1 - p1, p2 - l2))
