@@ -91,38 +91,53 @@ def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
 
 def _projection(runs: dict) -> list[str]:
     """OpenStamp against no projection, then against each baseline, near-copies excluded, per prompt: the
-    difference and whether it is resolved (the exact 95% intervals do not overlap)."""
+    difference with Newcombe's 95% interval, resolved where the interval leaves out 0."""
     projection, baselines = [], []
     for a in runs.values():
         real = {r["method"]: r["real"] for r in a["runs"] if r["real"]["n"]}
         if "openstamp" not in real:
             continue
         prompt = a["settings"].get("prompt", "paper")
-        gaps = {m: _gap(real["openstamp"], r) for m, r in real.items() if m != "openstamp"}
+        gaps = {m: _difference(_kept(real["openstamp"]), _kept(r)) for m, r in real.items() if m != "openstamp"}
         if "openstamp-nosem" in gaps:
-            gap, apart = gaps.pop("openstamp-nosem")
-            resolved = "the intervals do not overlap" if apart else "the intervals overlap: not resolved"
-            projection.append(f"{prompt} prompt: {gap:+.3f} ({resolved})")
+            projection.append(f"{prompt} prompt: {_said(*gaps.pop('openstamp-nosem'))}")
         if gaps:
-            cells = [f"{m} {gap:+.3f}{' (intervals apart)' if apart else ''}" for m, (gap, apart) in gaps.items()]
+            cells = [f"{m} {_said(*gap, plain=True)}" for m, gap in gaps.items()]
             baselines.append(f"{prompt} prompt: " + ", ".join(cells))
     lines = []
     if projection:
-        lead = "The projection's effect (OpenStamp minus no projection, near-copies excluded): "
+        lead = (
+            "The projection's effect (OpenStamp minus no projection, near-copies excluded, Newcombe's 95% interval "
+            "for a difference of two rates): "
+        )
         lines += ["", lead + "; ".join(projection) + "."]
     if baselines:
         lead = (
             "OpenStamp minus each baseline, near-copies excluded, each at its default strength (their costs differ: "
-            "see the sweep); '(intervals apart)' where the 95% intervals do not overlap, otherwise not resolved: "
+            "see the sweep), with Newcombe's 95% interval; '(resolved)' where it leaves out 0: "
         )
         lines += ["", lead + "; ".join(baselines) + "."]
     return lines
 
 
-def _gap(ours: dict, other: dict) -> tuple[float, bool]:
-    """TPR difference after paraphrase (near-copies excluded) and whether the two intervals are apart."""
-    (lo1, hi1), (lo2, hi2) = ours["tpr_at_1pct_fpr_after_ci"], other["tpr_at_1pct_fpr_after_ci"]
-    return ours["tpr_at_1pct_fpr_after"] - other["tpr_at_1pct_fpr_after"], hi1 < lo2 or hi2 < lo1
+def _kept(real: dict) -> tuple[int, int]:
+    """(flagged, kept) of a run's paraphrases that are not near-copies."""
+    return round(real["tpr_at_1pct_fpr_after"] * real["n"]), real["n"]
+
+
+def _difference(ours: tuple[int, int], other: tuple[int, int]) -> tuple[float, float, float]:
+    """The difference of two rates given as (hits, n), with Newcombe's 95% interval: (gap, low, high)."""
+    low, high = rate_difference_ci(*ours, *other)
+    return ours[0] / ours[1] - other[0] / other[1], low, high
+
+
+def _said(gap: float, low: float, high: float, plain: bool = False) -> str:
+    """A difference as the summary writes it; OpenStamp minus no projection says what the projection does."""
+    resolved = low > 0 or high < 0
+    if plain:
+        return f"{gap:+.3f} [{low:+.3f}, {high:+.3f}]{' (resolved)' if resolved else ''}"
+    word = "the projection helps" if low > 0 else "the projection hurts" if high < 0 else "not resolved"
+    return f"{gap:+.3f} [{low:+.3f}, {high:+.3f}] ({word})"
 
 
 def _has_real(a: dict) -> bool:
@@ -171,21 +186,19 @@ def projection_test(folder: Path, shown: str) -> list[str]:
                 f"| {a['near_copies'] / a['n']:.0%} | {a['cosine']:.2f} | {a['kept']} "
                 f"| {_rate(a['hits'], a['kept'])} | {a['before']:.3f} / {a['after']:.3f} |"
             )
-        verdicts.append(f"{prompt} prompt, " + _difference(after, "kept"))
+        verdicts.append(f"{prompt} prompt, " + _said(*_pooled_difference(after, "kept")))
     lead = (
         "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
         "for a difference of two rates; 'not resolved' where it holds 0): on clean text "
     )
-    return rows + ["", lead + _difference(clean, "n") + "; after paraphrase, " + "; ".join(verdicts) + ".", ""]
+    clean_gap = _said(*_pooled_difference(clean, "n"))
+    return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ".", ""]
 
 
-def _difference(pooled: dict, n: str) -> str:
-    """OpenStamp minus no projection in ``pooled`` rates (``n``: the field that counts the texts)."""
+def _pooled_difference(pooled: dict, n: str) -> tuple[float, float, float]:
+    """OpenStamp minus no projection in pooled rates (``n``: the field that counts the texts)."""
     ours, other = pooled["openstamp"], pooled["openstamp-nosem"]
-    low, high = rate_difference_ci(ours["hits"], ours[n], other["hits"], other[n])
-    gap = ours["hits"] / ours[n] - other["hits"] / other[n]
-    word = "the projection helps" if low > 0 else "the projection hurts" if high < 0 else "not resolved"
-    return f"{gap:+.3f} [{low:+.3f}, {high:+.3f}] ({word})"
+    return _difference((ours["hits"], ours[n]), (other["hits"], other[n]))
 
 
 def _rate(hits: int, n: int) -> str:
