@@ -168,11 +168,14 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         f"{' and, separately, '.join(PROMPTS[a['settings'].get('prompt', 'paper')] for a in prompts)}, and the "
         f"near-copies (keeping at least {first['near_copy']:g} of the original's token 3-grams) left out, so "
         "neither method is credited for text the paraphraser did not rewrite. TPR@1%FPR is against the eval's "
-        "human continuations at each seed's threshold, pooled over the seeds, with an exact 95% interval:",
+        "human continuations at each seed's threshold, pooled over the seeds, with an exact 95% interval; beside "
+        "it, how many human continuations and unwatermarked completions of the original model each detector "
+        "flags at p <= 0.01 (1% expected):",
         "",
-        "| prompt | method | own PPL change | TPR clean [95% CI] | paraphrased | near-copies | cosine | kept "
-        "| TPR after paraphrase [95% CI] | mean score before / after (kept) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| prompt | method | own PPL change | TPR clean [95% CI] | human / original's texts at p <= 0.01 "
+        "| paraphrased | near-copies | cosine | kept | TPR after paraphrase [95% CI] "
+        "| mean score before / after (kept) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     verdicts = []
     for attack in prompts:
@@ -182,7 +185,8 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         for method in ("openstamp", "openstamp-nosem"):
             c, a = clean[method], after[method]
             rows.append(
-                f"| {prompt} | {method} | {100 * c['cost']:+.1f}% | {_rate(c['hits'], c['n'])} | {a['n']} "
+                f"| {prompt} | {method} | {100 * c['cost']:+.1f}% | {_rate(c['hits'], c['n'])} "
+                f"| {' / '.join(f'{f}/{t}' for f, t in c['false'].values())} | {a['n']} "
                 f"| {a['near_copies'] / a['n']:.0%} | {a['cosine']:.2f} | {a['kept']} "
                 f"| {_rate(a['hits'], a['kept'])} | {a['before']:.3f} / {a['after']:.3f} |"
             )
@@ -207,13 +211,18 @@ def _rate(hits: int, n: int) -> str:
 
 
 def _pooled_clean(runs: list[dict]) -> dict:
-    """Per method, over its seeds: the texts flagged at each seed's 1% FPR threshold, and the mean own PPL change."""
+    """Per method, over its seeds: the texts flagged at each seed's 1% FPR threshold, the mean own PPL change, and
+    the human and unwatermarked texts its detector flags at p <= 0.01 (flagged, texts)."""
     out: dict[str, dict] = {}
     for run in runs:
         m, n = run["metrics"], len(run["scores"]["watermarked"])
-        entry = out.setdefault(run["method"], {"hits": 0, "n": 0, "cost": 0.0, "seeds": 0})
+        entry = out.setdefault(run["method"], {"hits": 0, "n": 0, "cost": 0.0, "seeds": 0, "false": {}})
         entry["hits"] += round(m["tpr_at_1pct_fpr"] * n)
         entry["n"] += n
+        for source in ("human", "unwatermarked"):
+            count = len(run["scores"][source])
+            flagged, total = entry["false"].get(source, (0, 0))
+            entry["false"][source] = flagged + round(m[f"{source}_flagged_at_p_0.01"] * count), total + count
         entry["cost"] += m["own_ppl_change"]
         entry["seeds"] += 1
     for entry in out.values():
