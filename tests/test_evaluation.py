@@ -294,7 +294,11 @@ def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file,
     spent = timings["methods"]["openstamp-nosem"]  # the method's runs, over both invocations
     assert spent["generate"] > 0 and spent["score"] > 0
     assert all(spent[stage] <= timings["stages"][stage] + 1e-3 for stage in spent)
-    assert "Time spent per stage, summed over 2 invocation(s)" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "Time spent per stage, summed over 2 invocation(s)" in report
+    assert "No perplexity oracle (`--oracle none`)." in report
+    per_run = report.split("## Per run")[1].split("## Plots")[0]
+    assert per_run.count("| openstamp-nosem@") == 1  # its row, with '-' where the oracle's columns would be
 
 
 def test_too_few_windows_is_a_clear_error(model_dir, corpus_file, tmp_path):

@@ -82,8 +82,6 @@ def ci_table(results: dict) -> list[str]:
     ]
     for r in results["runs"]:
         m = r["metrics"]
-        if "ppl_mean" not in m:
-            continue
         flagged = (
             "-"
             if "flagged_at_p_0.01" not in m
@@ -93,12 +91,18 @@ def ci_table(results: dict) -> list[str]:
             )
         )
         tpr = fmt({"mean": m.get("tpr_at_1pct_fpr"), "ci": m.get("tpr_at_1pct_fpr_ci")}, "tpr_at_1pct_fpr")
-        rows.append(
-            f"| {r['run']} | {tpr} | {m['ppl_mean']:.1f} [{m['ppl_mean_ci'][0]:.1f}, {m['ppl_mean_ci'][1]:.1f}] | "
-            f"{m['ppl_median']:.1f} [{m['ppl_median_ci'][0]:.1f}, {m['ppl_median_ci'][1]:.1f}] | "
-            f"{m.get('ppl_ratio_of_means', math.nan):.3f} | {flagged} |"
-        )
+        ppl = " | ".join(_with_ci(m, name) for name in ("ppl_mean", "ppl_median"))
+        ratio = "-" if "ppl_ratio_of_means" not in m else f"{m['ppl_ratio_of_means']:.3f}"
+        rows.append(f"| {r['run']} | {tpr} | {ppl} | {ratio} | {flagged} |")
     return rows
+
+
+def _with_ci(metrics: dict, name: str) -> str:
+    """An oracle perplexity with its interval, or '-' for a run without the oracle (``--oracle none``)."""
+    if name not in metrics:
+        return "-"
+    low, high = metrics[f"{name}_ci"]
+    return f"{metrics[name]:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def downstream_table(results: dict) -> list[str]:
@@ -292,6 +296,16 @@ def timing_lines(t: dict) -> list[str]:
     return [line, ""]
 
 
+def _oracle_sentence(results: dict) -> str:
+    oracle = results["config"]["oracle"]
+    if oracle == "none":
+        return "No perplexity oracle (`--oracle none`)."
+    return (
+        f"Perplexity oracle: `{oracle}` in {' and '.join(oracle_dtypes(results))} (its own tokenizer); "
+        "PPL ratio is the median over prompts of watermarked / unwatermarked perplexity."
+    )
+
+
 def write_report(out: Path) -> Path:
     """Write report.md and its PNGs from ``out/results.json``."""
     results = read_json(out / "results.json", "results file")
@@ -308,10 +322,7 @@ def write_report(out: Path) -> Path:
         "alone, as decoded text. "
         "Negatives are the human continuations (primary) and unwatermarked completions of the same prompts. "
         f"Detectors run their decoder in {recorded['score_dtype']} (their statistics in float32), own perplexity "
-        f"in {recorded['own_ppl_dtype']} (its head and NLL in float32). "
-        f"Perplexity oracle: `{cfg['oracle']}` in {' and '.join(oracle_dtypes(results))} (its own tokenizer); "
-        "PPL ratio is the median over prompts of "
-        "watermarked / unwatermarked perplexity.",
+        f"in {recorded['own_ppl_dtype']} (its head and NLL in float32). {_oracle_sentence(results)}",
         "",
         "## Detection and quality (mean ± sd over seeds)",
         "",
