@@ -168,7 +168,8 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         f"{' and, separately, '.join(PROMPTS[a['settings'].get('prompt', 'paper')] for a in prompts)}, and the "
         f"near-copies (keeping at least {first['near_copy']:g} of the original's token 3-grams) left out, so "
         "neither method is credited for text the paraphraser did not rewrite. TPR@1%FPR is against the eval's "
-        "human continuations at each seed's threshold, pooled over the seeds, with an exact 95% interval; beside "
+        "human continuations at each seed's threshold, pooled over the seeds, with an exact 95% interval (it "
+        "counts texts, so it leaves out how much keys differ); beside "
         "it, how many human continuations and unwatermarked completions of the original model each detector "
         "flags at p <= 0.01 (1% expected):",
         "",
@@ -193,7 +194,7 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         verdicts.append(f"{prompt} prompt, " + _said(*_pooled_difference(after, "kept")))
     lead = (
         "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
-        "for a difference of two rates; 'not resolved' where it holds 0): on clean text "
+        "for a difference of two rates, over the pooled texts; 'not resolved' where it holds 0): on clean text "
     )
     clean_gap = _said(*_pooled_difference(clean, "n"))
     return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ".", ""]
