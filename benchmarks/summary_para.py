@@ -178,7 +178,7 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         "| mean score before / after (kept) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    verdicts = []
+    verdicts, most = [], []
     for attack in prompts:
         prompt, after = attack["settings"].get("prompt", "paper"), _pooled_after(attack)
         if not {"openstamp", "openstamp-nosem"} <= clean.keys() & after.keys():
@@ -191,13 +191,16 @@ def projection_test(folder: Path, shown: str) -> list[str]:
                 f"| {a['near_copies'] / a['n']:.0%} | {a['cosine']:.2f} | {a['kept']} "
                 f"| {_rate(a['hits'], a['kept'])} | {a['before']:.3f} / {a['after']:.3f} |"
             )
-        verdicts.append(f"{prompt} prompt, " + _said(*_pooled_difference(after, "kept")))
+        gap = _pooled_difference(after, "kept")
+        verdicts.append(f"{prompt} prompt, " + _said(*gap))
+        most.append(f"{gap[2]:+.3f} TPR with the {prompt} prompt")
     lead = (
         "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
         "for a difference of two rates, over the pooled texts; 'not resolved' where it holds 0): on clean text "
     )
     clean_gap = _said(*_pooled_difference(clean, "n"))
-    return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ".", ""]
+    upshot = f"By these intervals, the most the projection buys after paraphrase is {' and '.join(most)}."
+    return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ". " + upshot, ""]
 
 
 def _pooled_difference(pooled: dict, n: str) -> tuple[float, float, float]:
