@@ -245,8 +245,9 @@ def _pooled_after(attack: dict) -> dict:
         entry["n"] += q["n"]
         entry["near_copies"] += round(q["near_copy_fraction"] * q["n"])
         entry["cosine"] += q["cosine_mean"] * q["n"]
-        entry["kept"] += real["n"]
-        entry["hits"] += round(real["tpr_at_1pct_fpr_after"] * real["n"])
+        hits, kept = _kept(real)
+        entry["kept"] += kept
+        entry["hits"] += hits
         entry["before"] += real["mean_score_before"] * real["n"]
         entry["after"] += real["mean_score_after"] * real["n"]
     for entry in out.values():

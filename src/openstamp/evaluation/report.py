@@ -90,19 +90,11 @@ def ci_table(results: dict) -> list[str]:
                 for k in ("flagged_at_p_0.01", "human_flagged_at_p_0.01", "unwatermarked_flagged_at_p_0.01")
             )
         )
-        tpr = fmt({"mean": m.get("tpr_at_1pct_fpr"), "ci": m.get("tpr_at_1pct_fpr_ci")}, "tpr_at_1pct_fpr")
-        ppl = " | ".join(_with_ci(m, name) for name in ("ppl_mean", "ppl_median"))
-        ratio = "-" if "ppl_ratio_of_means" not in m else f"{m['ppl_ratio_of_means']:.3f}"
-        rows.append(f"| {r['run']} | {tpr} | {ppl} | {ratio} | {flagged} |")
+        # '-' for the oracle's columns in a run without it (--oracle none)
+        names = ("tpr_at_1pct_fpr", "ppl_mean", "ppl_median", "ppl_ratio_of_means")
+        cells = " | ".join(fmt({"mean": m.get(name), "ci": m.get(f"{name}_ci")}, name) for name in names)
+        rows.append(f"| {r['run']} | {cells} | {flagged} |")
     return rows
-
-
-def _with_ci(metrics: dict, name: str) -> str:
-    """An oracle perplexity with its interval, or '-' for a run without the oracle (``--oracle none``)."""
-    if name not in metrics:
-        return "-"
-    low, high = metrics[f"{name}_ci"]
-    return f"{metrics[name]:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def downstream_table(results: dict) -> list[str]:
