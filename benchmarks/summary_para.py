@@ -155,8 +155,8 @@ def projection_test(folder: Path, shown: str) -> list[str]:
     ev = json.loads(own.read_text())
     cfg, first = ev["config"], attacks[0]["settings"]
     clean = _pooled_clean(ev["runs"])
-    strengths = {f"{s['delta']:g}" for s in cfg["method_settings"].values()}
-    shrink = {f"{s.get('shrinkage', 0):g}" for s in cfg["method_settings"].values()}
+    strengths = sorted({f"{s['delta']:g}" for s in cfg["method_settings"].values()})
+    shrink = sorted({f"{s.get('shrinkage', 0):g}" for s in cfg["method_settings"].values()})
     prompts = sorted(attacks, key=lambda a: a["settings"].get("prompt", "paper"))
     rows = [
         "The projection under paraphrase, at equal cost (`bash benchmarks/reference_runs.sh projection`; "
