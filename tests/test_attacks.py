@@ -274,6 +274,18 @@ def test_real_paraphrases_leave_out_near_copies():
     low, high = real["tpr_at_1pct_fpr_after_ci"]
     assert low < 2 / 3 < high and (low, high) == pytest.approx(clopper_pearson(2, 3))
     assert real_paraphrases(before, after, eval_scores, [0.9] * 4, near_copy=0.8) == {"n": 0}
+    assert real["flagged_at_p_0.01"] is None  # no p-values, no rate
+
+
+def test_real_paraphrases_count_p_values_of_kept_texts_only():
+    human = [{"score": s, "p_value": 0.5} for s in np.linspace(-1, 0, 100)]
+    eval_scores = {"human": human, "unwatermarked": human}
+    before = [{"score": 1.0, "p_value": 1e-6}] * 4
+    p_values = (0.001, 0.5, None, 1e-9)  # None: too short to score, so not flagged
+    after = [{"score": 0.5, "p_value": p} for p in p_values]
+    survival = [0.1, 0.3, 0.2, 0.95]  # the flagged near-copy is left out
+    real = real_paraphrases(before, after, eval_scores, survival, near_copy=0.8)
+    assert real["n"] == 3 and real["flagged_at_p_0.01"] == pytest.approx(1 / 3)
 
 
 # -- re-initialised head, selector inversion ---------------------------------------------------

@@ -264,7 +264,9 @@ def real_paraphrases(
 
     ``before`` and ``after`` are the score records of the same completions unparaphrased and paraphrased.
     TPR@1%FPR gets an exact (Clopper-Pearson) 95% interval over the kept texts; the mean scores show
-    how far the detector's statistic moved where TPR saturates.
+    how far the detector's statistic moved where TPR saturates. The TPR's threshold comes from the eval's human
+    texts, which are as long as the completions, while paraphrases run shorter; so, for a method with p-values, the
+    fraction flagged at p <= 0.01 is recorded too: the p-value holds at every length.
     """
     keep = [i for i, s in enumerate(survival) if s < near_copy]
     if not keep:
@@ -280,6 +282,7 @@ def real_paraphrases(
         "auroc_after": metrics["auroc"],
         "mean_score_before": mean_score(was),
         "mean_score_after": mean_score(now),
+        "flagged_at_p_0.01": metrics.get("flagged_at_p_0.01"),
     }
 
 
@@ -289,7 +292,7 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
     for row in rows:
         r = row["real"]
         if not r["n"]:
-            cells.append([row["run"], "0", "-", "-", "-", "-", "-"])
+            cells.append([row["run"], "0", "-", "-", "-", "-", "-", "-"])
             continue
         low, high = r["tpr_at_1pct_fpr_after_ci"]
         cells.append(
@@ -298,16 +301,26 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
                 str(r["n"]),
                 fmt(r["tpr_at_1pct_fpr_before"]),
                 f"**{fmt(r['tpr_at_1pct_fpr_after'])}** [{low:.2f}, {high:.2f}]",
+                fmt(r["flagged_at_p_0.01"]),
                 fmt(r["auroc_after"]),
                 fmt(r["mean_score_before"]),
                 fmt(r["mean_score_after"]),
             ]
         )
-    header = ["run", "kept", "TPR@1%FPR original", "TPR@1%FPR paraphrased [95% CI]", "AUROC paraphrased"]
+    header = [
+        "run",
+        "kept",
+        "TPR@1%FPR original",
+        "TPR@1%FPR paraphrased [95% CI]",
+        "paraphrased at p <= 0.01",
+        "AUROC paraphrased",
+    ]
     return [
         f"Near-copies excluded: only the paraphrases keeping less than {near_copy:g} of their original's token "
         "3-grams, so a method is not credited for text the paraphraser left alone (the same completions before "
-        "paraphrasing in 'original'; mean detector score before and after).",
+        "paraphrasing in 'original'; mean detector score before and after). The TPR's threshold comes from human "
+        "texts as long as the completions, and paraphrases run shorter; the fraction at p <= 0.01 needs no "
+        "threshold and holds at every length.",
         "",
         *md_table([*header, "mean score original", "mean score paraphrased"], cells),
     ]
