@@ -232,6 +232,23 @@ projection() {
   done
   cp $P/results.json $P/report.md $K/  # the report with every prompt's section
 }
+projection_keys() {
+  # the projection stage's comparison on more keys, because its three keys differed more than its two methods did:
+  # the same eval on seeds PROJECTION_SEEDS (default 3,4,5,6), whose first PROJECTION_KEYS_N (default 50) completions
+  # are paraphrased with the paper's prompt. The summary reads both stages key by key. About 40 min for the eval and
+  # 35 min for the paraphrases on 2 cores
+  local P=runs/eval-projection-keys K=benchmarks/results/projection/keys n=${PROJECTION_KEYS_N:-50}
+  local both='{"shrinkage": 4, "delta": 0.5}'
+  bash scripts/install_assets.sh qwen05
+  $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem --seeds ${PROJECTION_SEEDS:-3,4,5,6} \
+    --n 200 --new-tokens 64 --oracle none --set lengths= \
+    --set "method_settings={\"openstamp\": $both, \"openstamp-nosem\": $both}" --out $P
+  $OPENSTAMP attack paraphrase --eval $P --paraphraser qwen2.5-coder-0.5b --prompt paper --n $n \
+    --out runs/projection-keys-para-paper
+  mkdir -p $K
+  cp runs/projection-keys-para-paper/results.json $K/para-paper.json
+  cp $P/results.json $P/report.md $K/
+}
 
 durability() {
   # the durability attacks on the current releases (re-tied OpenStamp, exact m): their own small eval (32 prompts,
@@ -280,7 +297,8 @@ keep() {
 main() {
   local stages=("$@")
   [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit
-    quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64 projection)
+    quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64 projection
+    projection_keys)
   for stage in "${stages[@]}"; do
     local fn=$stage
     [ "$stage" = eval ] && fn=eval_run
