@@ -14,7 +14,7 @@ from pathlib import Path
 
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
-from summary_para import paraphrase64, projection_test
+from summary_para import paraphrase64, projection_keys, projection_test
 from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
@@ -739,6 +739,7 @@ def render() -> str:
         out += strength_sweep(json.loads(cost.read_text())) + [""]
     out += pareto_sweep()
     out += projection_test(RESULTS / "projection", "benchmarks/results/projection")
+    out += projection_keys(RESULTS / "projection", "benchmarks/results/projection")
     for name, render_section in (
         ("tune", tune),
         ("tune_shrinkage", tune),
@@ -769,6 +770,7 @@ def headline() -> str:
     out: list[str] = []
     out += pareto_sweep(whole=False)
     out += projection_test(RESULTS / "projection", "benchmarks/results/projection")
+    out += projection_keys(RESULTS / "projection", "benchmarks/results/projection")
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)
         if result is not None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+from scipy.stats import t as t_dist
+
 from openstamp.evaluation.metrics import clopper_pearson, rate_difference_ci
 
 PROMPTS = {
@@ -125,6 +128,11 @@ def _kept(real: dict) -> tuple[int, int]:
     return round(real["tpr_at_1pct_fpr_after"] * real["n"]), real["n"]
 
 
+def _at_p(real: dict) -> int:
+    """How many of a run's kept paraphrases its detector flags at p <= 0.01 (the p-value holds at every length)."""
+    return round(real["flagged_at_p_0.01"] * real["n"])
+
+
 def _difference(ours: tuple[int, int], other: tuple[int, int]) -> tuple[float, float, float]:
     """The difference of two rates given as (hits, n), with Newcombe's 95% interval: (gap, low, high)."""
     low, high = rate_difference_ci(*ours, *other)
@@ -169,14 +177,16 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         f"near-copies (keeping at least {first['near_copy']:g} of the original's token 3-grams) left out, so "
         "neither method is credited for text the paraphraser did not rewrite. TPR@1%FPR is against the eval's "
         "human continuations at each seed's threshold, pooled over the seeds, with an exact 95% interval (it "
-        "counts texts, so it leaves out how much keys differ); beside "
-        "it, how many human continuations and unwatermarked completions of the original model each detector "
-        "flags at p <= 0.01 (1% expected):",
+        "counts texts, so it leaves out how much keys differ). That threshold comes from human texts as long as "
+        "the completions, and the paraphrases run shorter, which makes its rate generous to both methods alike; "
+        "the fraction of kept paraphrases flagged at p <= 0.01 needs no threshold and holds at every length. "
+        "Beside them, how many human continuations and unwatermarked completions of the original model each "
+        "detector flags at p <= 0.01 (1% expected):",
         "",
         "| prompt | method | own PPL change | TPR clean [95% CI] | human / original's texts at p <= 0.01 "
-        "| paraphrased | near-copies | cosine | kept | TPR after paraphrase [95% CI] "
+        "| paraphrased | near-copies | cosine | kept | TPR after paraphrase [95% CI] | after, at p <= 0.01 [95% CI] "
         "| mean score before / after (kept) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     verdicts, most = [], []
     for attack in prompts:
@@ -189,11 +199,13 @@ def projection_test(folder: Path, shown: str) -> list[str]:
                 f"| {prompt} | {method} | {100 * c['cost']:+.1f}% | {_rate(c['hits'], c['n'])} "
                 f"| {' / '.join(f'{f}/{t}' for f, t in c['false'].values())} | {a['n']} "
                 f"| {a['near_copies'] / a['n']:.0%} | {a['cosine']:.2f} | {a['kept']} "
-                f"| {_rate(a['hits'], a['kept'])} | {a['before']:.3f} / {a['after']:.3f} |"
+                f"| {_rate(a['hits'], a['kept'])} | {_rate(a['p_hits'], a['kept'])} "
+                f"| {a['before']:.3f} / {a['after']:.3f} |"
             )
         gap = _pooled_difference(after, "kept")
-        verdicts.append(f"{prompt} prompt, " + _said(*gap))
-        most.append(f"{gap[2]:+.3f} TPR with the {prompt} prompt")
+        at_p = _pooled_difference(after, "kept", "p_hits")
+        verdicts.append(f"{prompt} prompt, " + _said(*gap) + ", and at p <= 0.01 " + _said(*at_p))
+        most.append(f"{gap[2]:+.3f} TPR ({at_p[2]:+.3f} at p <= 0.01) with the {prompt} prompt")
     lead = (
         "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
         "for a difference of two rates, over the pooled texts; 'not resolved' where it holds 0): on clean text "
@@ -203,10 +215,11 @@ def projection_test(folder: Path, shown: str) -> list[str]:
     return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ". " + upshot, ""]
 
 
-def _pooled_difference(pooled: dict, n: str) -> tuple[float, float, float]:
-    """OpenStamp minus no projection in pooled rates (``n``: the field that counts the texts)."""
+def _pooled_difference(pooled: dict, n: str, hits: str = "hits") -> tuple[float, float, float]:
+    """OpenStamp minus no projection in pooled rates (``n``: the field that counts the texts, ``hits`` the one that
+    counts those flagged)."""
     ours, other = pooled["openstamp"], pooled["openstamp-nosem"]
-    return _difference((ours["hits"], ours[n]), (other["hits"], other[n]))
+    return _difference((ours[hits], ours[n]), (other[hits], other[n]))
 
 
 def _rate(hits: int, n: int) -> str:
@@ -240,7 +253,7 @@ def _pooled_after(attack: dict) -> dict:
     out: dict[str, dict] = {}
     for run in attack["runs"]:
         q, real = attack["quality"][run["generations"]], run["real"]
-        keys = ("n", "near_copies", "cosine", "kept", "hits", "before", "after")
+        keys = ("n", "near_copies", "cosine", "kept", "hits", "p_hits", "before", "after")
         entry = out.setdefault(run["method"], dict.fromkeys(keys, 0))
         entry["n"] += q["n"]
         entry["near_copies"] += round(q["near_copy_fraction"] * q["n"])
@@ -248,6 +261,7 @@ def _pooled_after(attack: dict) -> dict:
         hits, kept = _kept(real)
         entry["kept"] += kept
         entry["hits"] += hits
+        entry["p_hits"] += _at_p(real)
         entry["before"] += real["mean_score_before"] * real["n"]
         entry["after"] += real["mean_score_after"] * real["n"]
     for entry in out.values():
@@ -255,3 +269,75 @@ def _pooled_after(attack: dict) -> dict:
         entry["before"] /= entry["kept"]
         entry["after"] /= entry["kept"]
     return out
+
+
+def projection_keys(folder: Path, shown: str) -> list[str]:
+    """The projection stage's comparison key by key: its own seeds (``folder``) and the projection_keys stage's
+    (``folder/keys``), each key one observation, so the interval over keys says what a key not yet drawn can expect.
+    The paper's prompt only (the stage that adds keys uses it alone)."""
+    keys: dict[int, dict] = {}
+    for part in (folder, folder / "keys"):
+        own, attack = part / "results.json", _paper_attack(part)
+        if own.exists() and attack is not None:
+            keys.update(_per_key(json.loads(own.read_text()), attack))
+    both = ("openstamp", "openstamp-nosem")
+    keys = {seed: k for seed, k in sorted(keys.items()) if all("kept" in k.get(m, {}) for m in both)}
+    if len(keys) < 3:
+        return []
+    cells = [
+        f"| {seed} | {k['openstamp']['paraphrased']} | "
+        + " | ".join(f"{k[m]['clean']:.3f} | {k[m]['kept']} | {k[m]['after']:.3f} | {k[m]['p']:.3f}" for m in both)
+        + f" | {k['openstamp']['after'] - k['openstamp-nosem']['after']:+.3f} |"
+        for seed, k in keys.items()
+    ]
+    over = {field: _over_keys(keys, field) for field in ("clean", "after", "p")}
+    return [
+        f"The projection key by key (`bash benchmarks/reference_runs.sh projection projection_keys`; `{shown}/` and "
+        f"`{shown}/keys/`): the same eval and paraphraser with {PROMPTS['paper']} on {len(keys)} keys (seeds), "
+        "each key's first completions paraphrased (how many in its row). A key is one draw of the "
+        "secret and of the trained selector, so each key is one observation here, and the interval is Student's t "
+        "over keys: it includes how much keys differ, which the pooled intervals above leave out. TPR@1%FPR is at "
+        "each key's threshold from its human continuations; 'at p' is the fraction of kept paraphrases flagged at "
+        "p <= 0.01:",
+        "",
+        "| seed | paraphrased | OpenStamp TPR clean | kept | TPR after | at p | no projection TPR clean | kept "
+        "| TPR after | at p | OpenStamp minus no projection, TPR after |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *cells,
+        "",
+        f"Over the {len(keys)} keys, OpenStamp minus no projection (mean of the per-key differences, 95% t "
+        f"interval): TPR clean {over['clean']}; TPR after paraphrase {over['after']}; at p <= 0.01 after "
+        f"paraphrase {over['p']}.",
+        "",
+    ]
+
+
+def _paper_attack(folder: Path) -> dict | None:
+    """The paraphrase run with the paper's prompt among ``folder``'s results (the projection stage keeps its runs in
+    attacks/, the projection_keys stage beside its eval)."""
+    for attack in (*_load(folder / "attacks").values(), *_load(folder).values()):
+        if attack.get("attack") == "paraphrase" and attack["settings"].get("prompt") == "paper" and _has_real(attack):
+            return attack
+    return None
+
+
+def _per_key(ev: dict, attack: dict) -> dict[int, dict]:
+    """Per seed and method: TPR@1%FPR on clean text, and of the kept paraphrases their number, TPR@1%FPR and the
+    fraction flagged at p <= 0.01."""
+    out: dict[int, dict] = {}
+    for run in ev["runs"]:
+        out.setdefault(run["seed"], {})[run["method"]] = {"clean": run["metrics"]["tpr_at_1pct_fpr"]}
+    for run in attack["runs"]:
+        real, entry = run["real"], out[run["seed"]][run["method"]]
+        paraphrased = attack["quality"][run["generations"]]["n"]
+        if real["n"]:
+            entry.update(paraphrased=paraphrased, kept=real["n"], after=real["tpr_at_1pct_fpr_after"])
+            entry["p"] = real["flagged_at_p_0.01"]
+    return out
+
+
+def _over_keys(keys: dict[int, dict], field: str) -> str:
+    """The mean over keys of OpenStamp minus no projection in ``field``, with Student's t 95% interval."""
+    gaps = np.array([k["openstamp"][field] - k["openstamp-nosem"][field] for k in keys.values()])
+    low, high = t_dist.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=gaps.std(ddof=1) / np.sqrt(len(gaps)))
+    return _said(float(gaps.mean()), float(low), float(high))
