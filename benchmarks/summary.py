@@ -738,8 +738,7 @@ def render() -> str:
     if cost.exists():
         out += strength_sweep(json.loads(cost.read_text())) + [""]
     out += pareto_sweep()
-    out += projection_test(RESULTS / "projection", "benchmarks/results/projection")
-    out += projection_keys(RESULTS / "projection", "benchmarks/results/projection")
+    out += projection()
     for name, render_section in (
         ("tune", tune),
         ("tune_shrinkage", tune),
@@ -764,13 +763,18 @@ def pareto_sweep(whole: bool = True) -> list[str]:
     return sweep(json.loads(pareto.read_text()), pareto.parent, whole) + [""] if pareto.exists() else []
 
 
+def projection() -> list[str]:
+    """The projection under paraphrase (benchmarks/results/projection/): pooled per prompt, then key by key."""
+    folder, shown = RESULTS / "projection", "benchmarks/results/projection"
+    return projection_test(folder, shown) + projection_keys(folder, shown)
+
+
 def headline() -> str:
     """What the README shows: the Pareto sweep with its plots, the projection under paraphrase at equal cost, the
     strength `tune` chooses and what it costs, and the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
     out += pareto_sweep(whole=False)
-    out += projection_test(RESULTS / "projection", "benchmarks/results/projection")
-    out += projection_keys(RESULTS / "projection", "benchmarks/results/projection")
+    out += projection()
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)
         if result is not None:
