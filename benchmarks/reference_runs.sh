@@ -235,19 +235,21 @@ projection() {
 projection_keys() {
   # the projection stage's comparison on more keys, because its three keys differed more than its two methods did:
   # the same eval on seeds PROJECTION_SEEDS (default 3,4,5,6), whose first PROJECTION_KEYS_N (default 50) completions
-  # are paraphrased with the paper's prompt. The summary reads both stages key by key. About 40 min for the eval and
-  # 35 min for the paraphrases on 2 cores
+  # are paraphrased with each prompt of PROJECTION_KEYS_PROMPTS (default: the paper's, then the strong one). The
+  # summary reads both stages key by key. About 37 min for the eval and 35 min per prompt on 2 cores
   local P=runs/eval-projection-keys K=benchmarks/results/projection/keys n=${PROJECTION_KEYS_N:-50}
   local both='{"shrinkage": 4, "delta": 0.5}'
   bash scripts/install_assets.sh qwen05
   $OPENSTAMP eval --model smollm2-135m --methods openstamp,openstamp-nosem --seeds ${PROJECTION_SEEDS:-3,4,5,6} \
     --n 200 --new-tokens 64 --oracle none --set lengths= \
     --set "method_settings={\"openstamp\": $both, \"openstamp-nosem\": $both}" --out $P
-  $OPENSTAMP attack paraphrase --eval $P --paraphraser qwen2.5-coder-0.5b --prompt paper --n $n \
-    --out runs/projection-keys-para-paper
   mkdir -p $K
-  cp runs/projection-keys-para-paper/results.json $K/para-paper.json
-  cp $P/results.json $P/report.md $K/
+  for prompt in ${PROJECTION_KEYS_PROMPTS:-paper strong}; do
+    $OPENSTAMP attack paraphrase --eval $P --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n $n \
+      --out runs/projection-keys-para-$prompt
+    cp runs/projection-keys-para-$prompt/results.json $K/para-$prompt.json
+  done
+  cp $P/results.json $P/report.md $K/  # the report with every prompt's section
 }
 
 durability() {

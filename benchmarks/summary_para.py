@@ -273,52 +273,59 @@ def _pooled_after(attack: dict) -> dict:
 
 def projection_keys(folder: Path, shown: str) -> list[str]:
     """The projection stage's comparison key by key: its own seeds (``folder``) and the projection_keys stage's
-    (``folder/keys``), each key one observation, so the interval over keys says what a key not yet drawn can expect.
-    The paper's prompt only (the stage that adds keys uses it alone)."""
-    keys: dict[int, dict] = {}
-    for part in (folder, folder / "keys"):
-        own, attack = part / "results.json", _paper_attack(part)
-        if own.exists() and attack is not None:
-            keys.update(_per_key(json.loads(own.read_text()), attack))
+    (``folder/keys``), each key one observation, so the interval over keys says what a key not yet drawn can expect;
+    per paraphrase prompt."""
     both = ("openstamp", "openstamp-nosem")
-    keys = {seed: k for seed, k in sorted(keys.items()) if all("kept" in k.get(m, {}) for m in both)}
-    if len(keys) < 3:
+    rows, verdicts = [], []
+    for prompt in PROMPTS:
+        keys: dict[int, dict] = {}
+        for part in (folder, folder / "keys"):
+            own, attack = part / "results.json", _attacks(part).get(prompt)
+            if own.exists() and attack is not None:
+                keys.update(_per_key(json.loads(own.read_text()), attack))
+        keys = {seed: k for seed, k in sorted(keys.items()) if all("kept" in k.get(m, {}) for m in both)}
+        if len(keys) < 3:
+            continue
+        rows += [
+            f"| {prompt} | {seed} | {k['openstamp']['paraphrased']} | "
+            + " | ".join(f"{k[m]['clean']:.3f} | {k[m]['kept']} | {k[m]['after']:.3f} | {k[m]['p']:.3f}" for m in both)
+            + f" | {k['openstamp']['after'] - k['openstamp-nosem']['after']:+.3f} |"
+            for seed, k in keys.items()
+        ]
+        verdicts.append(
+            f"with {PROMPTS[prompt].split(' (')[0]}, over {len(keys)} keys: TPR clean {_over_keys(keys, 'clean')}; "
+            f"TPR after paraphrase {_over_keys(keys, 'after')}; at p <= 0.01 after paraphrase {_over_keys(keys, 'p')}"
+        )
+    if not rows:
         return []
-    cells = [
-        f"| {seed} | {k['openstamp']['paraphrased']} | "
-        + " | ".join(f"{k[m]['clean']:.3f} | {k[m]['kept']} | {k[m]['after']:.3f} | {k[m]['p']:.3f}" for m in both)
-        + f" | {k['openstamp']['after'] - k['openstamp-nosem']['after']:+.3f} |"
-        for seed, k in keys.items()
-    ]
-    over = {field: _over_keys(keys, field) for field in ("clean", "after", "p")}
     return [
         f"The projection key by key (`bash benchmarks/reference_runs.sh projection projection_keys`; `{shown}/` and "
-        f"`{shown}/keys/`): the same eval and paraphraser with {PROMPTS['paper']} on {len(keys)} keys (seeds), "
-        "each key's first completions paraphrased (how many in its row). A key is one draw of the "
-        "secret and of the trained selector, so each key is one observation here, and the interval is Student's t "
-        "over keys: it includes how much keys differ, which the pooled intervals above leave out. TPR@1%FPR is at "
-        "each key's threshold from its human continuations; 'at p' is the fraction of kept paraphrases flagged at "
-        "p <= 0.01:",
+        f"`{shown}/keys/`): the same eval and paraphraser on more keys (seeds), each key's first completions "
+        "paraphrased (how many in its row). A key is one draw of the secret and of the trained selector, so each key "
+        "is one observation here, and the interval is Student's t over keys: it includes how much keys differ, which "
+        "the pooled intervals above leave out. TPR@1%FPR is at each key's threshold from its human continuations; "
+        "'at p' is the fraction of kept paraphrases flagged at p <= 0.01:",
         "",
-        "| seed | paraphrased | OpenStamp TPR clean | kept | TPR after | at p | no projection TPR clean | kept "
-        "| TPR after | at p | OpenStamp minus no projection, TPR after |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *cells,
+        "| prompt | seed | paraphrased | OpenStamp TPR clean | kept | TPR after | at p | no projection TPR clean "
+        "| kept | TPR after | at p | OpenStamp minus no projection, TPR after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
         "",
-        f"Over the {len(keys)} keys, OpenStamp minus no projection (mean of the per-key differences, 95% t "
-        f"interval): TPR clean {over['clean']}; TPR after paraphrase {over['after']}; at p <= 0.01 after "
-        f"paraphrase {over['p']}.",
+        "OpenStamp minus no projection (the mean of the per-key differences, with its 95% t interval), "
+        + "; ".join(verdicts)
+        + ".",
         "",
     ]
 
 
-def _paper_attack(folder: Path) -> dict | None:
-    """The paraphrase run with the paper's prompt among ``folder``'s results (the projection stage keeps its runs in
-    attacks/, the projection_keys stage beside its eval)."""
+def _attacks(folder: Path) -> dict[str, dict]:
+    """The paraphrase runs among ``folder``'s results by prompt (the projection stage keeps its runs in attacks/,
+    the projection_keys stage beside its eval)."""
+    out = {}
     for attack in (*_load(folder / "attacks").values(), *_load(folder).values()):
-        if attack.get("attack") == "paraphrase" and attack["settings"].get("prompt") == "paper" and _has_real(attack):
-            return attack
-    return None
+        if attack.get("attack") == "paraphrase" and _has_real(attack):
+            out[attack["settings"].get("prompt", "paper")] = attack
+    return out
 
 
 def _per_key(ev: dict, attack: dict) -> dict[int, dict]:
