@@ -282,7 +282,7 @@ def test_real_paraphrases_count_p_values_of_kept_texts_only():
     eval_scores = {"human": human, "unwatermarked": human}
     before = [{"score": 1.0, "p_value": 1e-6}] * 4
     p_values = (0.001, 0.5, None, 1e-9)  # None: too short to score, so not flagged
-    after = [{"score": 0.5, "p_value": p} for p in p_values]
+    after = [{"score": None if p is None else 0.5, "p_value": p} for p in p_values]
     survival = [0.1, 0.3, 0.2, 0.95]  # the flagged near-copy is left out
     real = real_paraphrases(before, after, eval_scores, survival, near_copy=0.8)
     assert real["n"] == 3 and real["flagged_at_p_0.01"] == pytest.approx(1 / 3)
