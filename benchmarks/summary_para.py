@@ -157,7 +157,7 @@ def projection_test(folder: Path, shown: str) -> list[str]:
     their clean-text costs meet, pooled over seeds, per paraphrase prompt; ``shown`` is ``folder`` as the README
     links it."""
     own = folder / "results.json"
-    attacks = [a for a in _load(folder / "attacks").values() if a.get("attack") == "paraphrase" and _has_real(a)]
+    attacks = list(_attacks(folder).values())
     if not own.exists() or not attacks:
         return []
     ev = json.loads(own.read_text())
@@ -293,7 +293,7 @@ def projection_keys(folder: Path, shown: str) -> list[str]:
             for seed, k in keys.items()
         ]
         verdicts.append(
-            f"with {PROMPTS[prompt].split(' (')[0]}, over {len(keys)} keys: TPR clean {_over_keys(keys, 'clean')}; "
+            f"{prompt} prompt, over {len(keys)} keys: TPR clean {_over_keys(keys, 'clean')}; "
             f"TPR after paraphrase {_over_keys(keys, 'after')}; at p <= 0.01 after paraphrase {_over_keys(keys, 'p')}"
         )
     if not rows:
@@ -311,7 +311,7 @@ def projection_keys(folder: Path, shown: str) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        "OpenStamp minus no projection (the mean of the per-key differences, with its 95% t interval), "
+        "OpenStamp minus no projection (the mean of the per-key differences, with its 95% t interval): "
         + "; ".join(verdicts)
         + ".",
         "",
