@@ -18,7 +18,7 @@ from openstamp.attacks.common import open_eval, select_runs
 from openstamp.attacks.edits import EditConfig, edit_tokens, run_edit
 from openstamp.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
 from openstamp.attacks.inversion import InversionConfig, run_inversion
-from openstamp.attacks.paraphrase import ParaphraseConfig, real_paraphrases, request_ids, run_paraphrase
+from openstamp.attacks.paraphrase import ParaphraseConfig, cut_to, real_paraphrases, request_ids, run_paraphrase
 from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
 from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit, train_head
 from openstamp.attacks.similarity import measure_quality, ngram_survival
@@ -258,7 +258,16 @@ def test_paraphrase_attack_end_to_end(eval_dir, model_dir, tokenizer, tmp_path, 
     assert "TPR@1%FPR paraphrased" in section and "token 3-grams kept" in section
     for run in results["runs"]:  # the tiny paraphraser rewrites everything, so no near-copy is excluded
         assert run["real"]["n"] == 4 and run["real"]["tpr_at_1pct_fpr_after"] == run["tpr_at_1pct_fpr_after"]
-    assert "Near-copies excluded" in section
+    assert "Near-copies excluded" in section and "human at their lengths" in section
+    human = [w["human"] for w in json.loads((eval_dir / "data" / "prompts.json").read_text())]
+    for run in results["runs"]:  # every human continuation, cut to the paraphrases' scored lengths in turn
+        name = run["run"].replace("/", "_")
+        lengths = [
+            s["n_tokens"] for s in json.loads((out / "scores" / f"{name}.json").read_text()) if s["score"] is not None
+        ]
+        cut = json.loads((out / "scores" / f"{name}-human-cut.json").read_text())
+        assert cut["ids"] == [min(len(ids), lengths[j % len(lengths)] + 1) for j, ids in enumerate(human)]
+        assert len(cut["scores"]) == len(human) and 0 <= run["real"]["human_cut"]["over_threshold"] <= 1
 
 
 def test_real_paraphrases_leave_out_near_copies():
@@ -286,6 +295,34 @@ def test_real_paraphrases_count_p_values_of_kept_texts_only():
     survival = [0.1, 0.3, 0.2, 0.95]  # the flagged near-copy is left out
     real = real_paraphrases(before, after, eval_scores, survival, near_copy=0.8)
     assert real["n"] == 3 and real["flagged_at_p_0.01"] == pytest.approx(1 / 3)
+
+
+def test_human_text_cut_to_the_paraphrases_lengths_splits_the_threshold_from_the_p_value():
+    human = [{"score": s, "p_value": 0.5} for s in np.linspace(-1, 0, 100)]  # 1% FPR threshold: just below 0
+    eval_scores = {"human": human, "unwatermarked": human}
+    before = [{"score": 1.0, "p_value": 1e-6}] * 4
+    after = [{"score": s, "p_value": 0.5} for s in (0.5, 0.4, -0.5, 0.9)]
+    # cut to the paraphrases' lengths, 30 human texts pass the full-length threshold, 3 have p <= 0.01
+    cut = [{"score": 0.2, "p_value": 0.001 if i < 3 else 0.5} for i in range(30)]
+    cut += [{"score": -0.5, "p_value": 0.5}] * 70 + [{"score": None, "p_value": None}]
+    real = real_paraphrases(before, after, eval_scores, [0.1, 0.3, 0.2, 0.95], 0.8, cut)
+    assert real["tpr_at_1pct_fpr_after"] == pytest.approx(2 / 3)  # 0.5 and 0.4 pass the full-length threshold
+    matched = real["human_cut"]
+    assert matched["n"] == 100 and matched["over_threshold"] == pytest.approx(0.3)
+    assert matched["flagged_at_p_0.01"] == pytest.approx(0.03)
+    assert matched["tpr_at_1pct_fpr"] == pytest.approx(2 / 3)  # the cut texts' threshold is 0.2: 0.5, 0.4 pass
+    assert tuple(matched["tpr_at_1pct_fpr_ci"]) == pytest.approx(clopper_pearson(2, 3))
+    cut[:30] = [{"score": 0.45, "p_value": 0.5}] * 30  # now the cut texts' threshold (0.45) stops 0.4
+    assert real_paraphrases(before, after, eval_scores, [0.1] * 3 + [0.95], 0.8, cut)["human_cut"][
+        "tpr_at_1pct_fpr"
+    ] == pytest.approx(1 / 3)
+    assert "human_cut" not in real_paraphrases(before, after, eval_scores, [0.1] * 4, 0.8)
+
+
+def test_cut_to_gives_each_human_text_a_paraphrase_length_in_turn():
+    human = [list(range(10))] * 5
+    assert [len(ids) for ids in cut_to(human, [3, 20])] == [4, 10, 4, 10, 4]  # L scored tokens are L + 1 ids
+    assert cut_to(human, [3])[0] == [0, 1, 2, 3]
 
 
 # -- re-initialised head, selector inversion ---------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -47,7 +48,7 @@ from openstamp.attacks.report import (
 )
 from openstamp.attacks.similarity import measure_quality, similarity_plot
 from openstamp.config import check, option
-from openstamp.evaluation.metrics import clopper_pearson
+from openstamp.evaluation.metrics import clopper_pearson, threshold_at_fpr
 from openstamp.models import load_model, load_tokenizer, model_device
 from openstamp.storage import atomic_write_json, atomic_write_text, read_json
 from openstamp.text import bos_prefix, encode
@@ -237,7 +238,10 @@ def run_paraphrase(eval_dir: Path, out: Path, cfg: ParaphraseConfig, progress: b
         row = compare_row(run, before, attacked_metrics(scores, eval_scores))
         row["generations"] = run["generations"]
         survival = quality[run["generations"]]["token_3gram_survival"]
-        row["real"] = real_paraphrases(eval_scores["watermarked"][:n], scores, eval_scores, survival, cfg.near_copy)
+        human = _human_cut(out, run, method, base, tokenizer, ev, scores, survival, cfg.near_copy)
+        row["real"] = real_paraphrases(
+            eval_scores["watermarked"][:n], scores, eval_scores, survival, cfg.near_copy, human
+        )
         rows.append(row)
     summary = compare_summary(rows)
     plots = [
@@ -257,8 +261,41 @@ def run_paraphrase(eval_dir: Path, out: Path, cfg: ParaphraseConfig, progress: b
     return results
 
 
+def kept(survival: list[float], near_copy: float) -> list[int]:
+    """The indices of the paraphrases that are not near-copies (token 3-gram survival below ``near_copy``)."""
+    return [i for i, s in enumerate(survival) if s < near_copy]
+
+
+def cut_to(human: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """The human continuations' token ids cut to the paraphrases' lengths in turn, the j-th to ``lengths[j mod
+    len(lengths)]`` scored tokens (L + 1 ids, the first having no context, as in the length curve): negatives whose
+    lengths are spread as the positives' are, where ``human`` is at least as long."""
+    return [ids[: lengths[j % len(lengths)] + 1] for j, ids in enumerate(human)]
+
+
+def _human_cut(out, run, method, base, tokenizer, ev, scores, survival, near_copy) -> list[dict] | None:
+    """The run's detector on the eval's human continuations cut to its kept paraphrases' scored lengths
+    (:func:`cut_to`); cached per run with the cut it made, and made again when the paraphrases' lengths change."""
+    lengths = [scores[i]["n_tokens"] for i in kept(survival, near_copy) if scores[i]["score"] is not None]
+    if not lengths:
+        return None
+    ids = cut_to([w["human"] for w in ev.windows], lengths)
+    path = out / "scores" / f"{file_name(run['run'])}-human-cut.json"
+    cached = read_json(path, "human-cut scores") if path.exists() else {}
+    if cached.get("ids") != [len(x) for x in ids]:
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        cached = {"ids": [len(x) for x in ids], "scores": score_texts(method, base, tokenizer, texts, ev.cfg)}
+        atomic_write_json(path, cached)
+    return cached["scores"]
+
+
 def real_paraphrases(
-    before: list[dict], after: list[dict], eval_scores: dict, survival: list[float], near_copy: float
+    before: list[dict],
+    after: list[dict],
+    eval_scores: dict,
+    survival: list[float],
+    near_copy: float,
+    human_cut: list[dict] | None = None,
 ) -> dict:
     """Detection on the paraphrases that are not near-copies (token 3-gram survival below ``near_copy``).
 
@@ -267,14 +304,20 @@ def real_paraphrases(
     how far the detector's statistic moved where TPR saturates. The TPR's threshold comes from the eval's human
     texts, which are as long as the completions, while paraphrases run shorter; so, for a method with p-values, the
     fraction flagged at p <= 0.01 is recorded too: the p-value holds at every length.
+
+    ``human_cut``, the detector's records of the human continuations cut to the kept paraphrases' lengths
+    (:func:`cut_to`), splits the gap between the two: ``human_cut.over_threshold`` is how many of them the TPR's
+    threshold flags (the false-positive rate it really has at these lengths, 1% if length did not matter),
+    ``human_cut.flagged_at_p_0.01`` how many the p-value flags, and ``human_cut.tpr_at_1pct_fpr`` the kept
+    paraphrases' TPR with the threshold chosen on the cut texts, at their lengths.
     """
-    keep = [i for i, s in enumerate(survival) if s < near_copy]
+    keep = kept(survival, near_copy)
     if not keep:
         return {"n": 0}
     was, now = ([records[i] for i in keep] for records in (before, after))
     metrics = attacked_metrics(now, eval_scores)
     tpr = metrics["tpr_at_1pct_fpr"]
-    return {
+    out = {
         "n": len(keep),
         "tpr_at_1pct_fpr_before": attacked_metrics(was, eval_scores)["tpr_at_1pct_fpr"],
         "tpr_at_1pct_fpr_after": tpr,
@@ -284,6 +327,24 @@ def real_paraphrases(
         "mean_score_after": mean_score(now),
         "flagged_at_p_0.01": metrics.get("flagged_at_p_0.01"),
     }
+    if human_cut is not None:
+        out["human_cut"] = _at_their_lengths(now, human_cut, eval_scores)
+    return out
+
+
+def _at_their_lengths(now: list[dict], human_cut: list[dict], eval_scores: dict) -> dict:
+    """The kept paraphrases (``now``) against human text cut to their lengths (see :func:`real_paraphrases`)."""
+    cut = np.array([r["score"] for r in human_cut if r["score"] is not None], dtype=np.float64)
+    full = [r["score"] for r in eval_scores["human"] if r["score"] is not None]
+    matched = attacked_metrics(now, {**eval_scores, "human": human_cut})
+    tpr = matched["tpr_at_1pct_fpr"]
+    return {
+        "n": len(cut),
+        "over_threshold": float(np.mean(cut > threshold_at_fpr(full, 0.01))),
+        "flagged_at_p_0.01": matched.get("human_flagged_at_p_0.01"),
+        "tpr_at_1pct_fpr": tpr,
+        "tpr_at_1pct_fpr_ci": clopper_pearson(round(tpr * len(now)), len(now)),
+    }
 
 
 def _real_table(rows: list[dict], near_copy: float) -> list[str]:
@@ -292,9 +353,10 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
     for row in rows:
         r = row["real"]
         if not r["n"]:
-            cells.append([row["run"], "0", "-", "-", "-", "-", "-", "-"])
+            cells.append([row["run"], "0", *["-"] * 8])
             continue
         low, high = r["tpr_at_1pct_fpr_after_ci"]
+        cut = r.get("human_cut") or {}
         cells.append(
             [
                 row["run"],
@@ -302,6 +364,8 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
                 fmt(r["tpr_at_1pct_fpr_before"]),
                 f"**{fmt(r['tpr_at_1pct_fpr_after'])}** [{low:.2f}, {high:.2f}]",
                 fmt(r["flagged_at_p_0.01"]),
+                f"{fmt(cut.get('over_threshold'))} / {fmt(cut.get('flagged_at_p_0.01'))}",
+                _with_ci(cut.get("tpr_at_1pct_fpr"), cut.get("tpr_at_1pct_fpr_ci")),
                 fmt(r["auroc_after"]),
                 fmt(r["mean_score_before"]),
                 fmt(r["mean_score_after"]),
@@ -313,6 +377,8 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
         "TPR@1%FPR original",
         "TPR@1%FPR paraphrased [95% CI]",
         "paraphrased at p <= 0.01",
+        "human at their lengths: over the threshold / at p <= 0.01",
+        "TPR@1%FPR at their lengths [95% CI]",
         "AUROC paraphrased",
     ]
     return [
@@ -320,10 +386,16 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
         "3-grams, so a method is not credited for text the paraphraser left alone (the same completions before "
         "paraphrasing in 'original'; mean detector score before and after). The TPR's threshold comes from human "
         "texts as long as the completions, and paraphrases run shorter; the fraction at p <= 0.01 needs no "
-        "threshold and holds at every length.",
+        "threshold and holds at every length. 'Human at their lengths': the eval's human continuations cut to the "
+        "kept paraphrases' lengths, flagged by that threshold (1% if length did not matter) and at p <= 0.01; the "
+        "TPR beside it has its threshold at 1% FPR of those cut texts.",
         "",
         *md_table([*header, "mean score original", "mean score paraphrased"], cells),
     ]
+
+
+def _with_ci(value: float | None, ci: list[float] | None) -> str:
+    return "-" if value is None else f"{fmt(value)} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: dict, runs: list[dict]) -> list[str]:
