@@ -180,38 +180,66 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         "counts texts, so it leaves out how much keys differ). That threshold comes from human texts as long as "
         "the completions, and the paraphrases run shorter, which makes its rate generous to both methods alike; "
         "the fraction of kept paraphrases flagged at p <= 0.01 needs no threshold and holds at every length. "
+        "'At their lengths' splits the two: the human continuations cut to the kept paraphrases' lengths, how many "
+        "the full-length threshold flags (1% if length did not matter) and how many have p <= 0.01, and the TPR "
+        "with the threshold at 1% FPR of those cut texts. "
         "Beside them, how many human continuations and unwatermarked completions of the original model each "
         "detector flags at p <= 0.01 (1% expected):",
         "",
         "| prompt | method | own PPL change | TPR clean [95% CI] | human / original's texts at p <= 0.01 "
         "| paraphrased | near-copies | cosine | kept | TPR after paraphrase [95% CI] | after, at p <= 0.01 [95% CI] "
+        "| human at their lengths: over the threshold / at p <= 0.01 | after, TPR at their lengths [95% CI] "
         "| mean score before / after (kept) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    verdicts, most = [], []
+    verdicts, most, lengths, over = [], [], [], []
+    both = ("openstamp", "openstamp-nosem")
     for attack in prompts:
         prompt, after = attack["settings"].get("prompt", "paper"), _pooled_after(attack)
-        if not {"openstamp", "openstamp-nosem"} <= clean.keys() & after.keys():
+        if not set(both) <= clean.keys() & after.keys():
             continue
-        for method in ("openstamp", "openstamp-nosem"):
+        for method in both:
             c, a = clean[method], after[method]
             rows.append(
                 f"| {prompt} | {method} | {100 * c['cost']:+.1f}% | {_rate(c['hits'], c['n'])} "
                 f"| {' / '.join(f'{f}/{t}' for f, t in c['false'].values())} | {a['n']} "
                 f"| {a['near_copies'] / a['n']:.0%} | {a['cosine']:.2f} | {a['kept']} "
                 f"| {_rate(a['hits'], a['kept'])} | {_rate(a['p_hits'], a['kept'])} "
+                f"| {_cut(a)} | {_rate(a['m_hits'], a['kept']) if a['cut_n'] else '-'} "
                 f"| {a['before']:.3f} / {a['after']:.3f} |"
             )
         gap = _pooled_difference(after, "kept")
         at_p = _pooled_difference(after, "kept", "p_hits")
-        verdicts.append(f"{prompt} prompt, " + _said(*gap) + ", and at p <= 0.01 " + _said(*at_p))
-        most.append(f"{gap[2]:+.3f} TPR ({at_p[2]:+.3f} at p <= 0.01) with the {prompt} prompt")
+        verdict = f"{prompt} prompt, " + _said(*gap) + ", at p <= 0.01 " + _said(*at_p)
+        at_length = ""
+        if all(after[m]["cut_n"] for m in both):
+            matched = _pooled_difference(after, "kept", "m_hits")
+            verdict += ", and at their lengths " + _said(*matched)
+            at_length = f", {matched[2]:+.3f} at their lengths"
+            over += [after[m]["cut_over"] / after[m]["cut_n"] for m in both]
+            flagged = [
+                f"{_cut(after[m], ' and ')} ({name})"
+                for m, name in zip(both, ("OpenStamp", "no projection"), strict=True)
+            ]
+            lengths.append(f"{prompt} prompt: " + ", ".join(flagged))
+        verdicts.append(verdict)
+        most.append(f"{gap[2]:+.3f} TPR ({at_p[2]:+.3f} at p <= 0.01{at_length}) with the {prompt} prompt")
     lead = (
         "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
         "for a difference of two rates, over the pooled texts; 'not resolved' where it holds 0): on clean text "
     )
     clean_gap = _said(*_pooled_difference(clean, "n"))
     upshot = f"By these intervals, the most the projection buys after paraphrase is {' and '.join(most)}."
+    if lengths:
+        upshot += (
+            " Of the human continuations cut to the kept paraphrases' lengths, the full-length threshold and the "
+            f"p-value flag, in turn: {'; '.join(lengths)}."
+        )
+        if min(over) > 0.01:
+            upshot += (
+                " At these lengths the full-length threshold flags more than 1% of human text, so the TPR after "
+                "paraphrase at it is not a rate at 1% FPR; the columns 'at p <= 0.01' and 'at their lengths' are."
+            )
     return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ". " + upshot, ""]
 
 
@@ -247,14 +275,22 @@ def _pooled_clean(runs: list[dict]) -> dict:
     return out
 
 
+def _cut(pooled: dict, between: str = " / ") -> str:
+    """The human texts cut to the paraphrases' lengths that the full-length threshold and the p-value flag."""
+    n = pooled["cut_n"]
+    return f"{pooled['cut_over'] / n:.1%}{between}{pooled['cut_p'] / n:.1%}" if n else "-"
+
+
 def _pooled_after(attack: dict) -> dict:
     """Per method, over its seeds: paraphrases, near-copies, mean cosine, and of the paraphrases kept (not
-    near-copies) the number flagged at each seed's 1% FPR threshold and their mean score before and after."""
+    near-copies) the number flagged at each seed's 1% FPR threshold, at p <= 0.01 and at the threshold of human text
+    cut to their lengths, and their mean score before and after; of the cut human texts, the number and how many
+    the full-length threshold and the p-value flag (where the run recorded them)."""
     out: dict[str, dict] = {}
     for run in attack["runs"]:
         q, real = attack["quality"][run["generations"]], run["real"]
-        keys = ("n", "near_copies", "cosine", "kept", "hits", "p_hits", "before", "after")
-        entry = out.setdefault(run["method"], dict.fromkeys(keys, 0))
+        keys = ("n", "near_copies", "cosine", "kept", "hits", "p_hits", "m_hits", "cut_n", "cut_over", "cut_p")
+        entry = out.setdefault(run["method"], dict.fromkeys((*keys, "before", "after"), 0))
         entry["n"] += q["n"]
         entry["near_copies"] += round(q["near_copy_fraction"] * q["n"])
         entry["cosine"] += q["cosine_mean"] * q["n"]
@@ -262,6 +298,11 @@ def _pooled_after(attack: dict) -> dict:
         entry["kept"] += kept
         entry["hits"] += hits
         entry["p_hits"] += _at_p(real)
+        if cut := real.get("human_cut"):
+            entry["m_hits"] += round(cut["tpr_at_1pct_fpr"] * real["n"])
+            entry["cut_n"] += cut["n"]
+            entry["cut_over"] += round(cut["over_threshold"] * cut["n"])
+            entry["cut_p"] += round(cut["flagged_at_p_0.01"] * cut["n"])
         entry["before"] += real["mean_score_before"] * real["n"]
         entry["after"] += real["mean_score_after"] * real["n"]
     for entry in out.values():
@@ -288,14 +329,20 @@ def projection_keys(folder: Path, shown: str) -> list[str]:
             continue
         rows += [
             f"| {prompt} | {seed} | {k['openstamp']['paraphrased']} | "
-            + " | ".join(f"{k[m]['clean']:.3f} | {k[m]['kept']} | {k[m]['after']:.3f} | {k[m]['p']:.3f}" for m in both)
+            + " | ".join(
+                f"{k[m]['clean']:.3f} | {k[m]['kept']} | {k[m]['after']:.3f} | {k[m]['p']:.3f} | {_get(k[m])}"
+                for m in both
+            )
             + f" | {k['openstamp']['after'] - k['openstamp-nosem']['after']:+.3f} |"
             for seed, k in keys.items()
         ]
-        verdicts.append(
+        verdict = (
             f"{prompt} prompt, over {len(keys)} keys: TPR clean {_over_keys(keys, 'clean')}; "
             f"TPR after paraphrase {_over_keys(keys, 'after')}; at p <= 0.01 after paraphrase {_over_keys(keys, 'p')}"
         )
+        if all("matched" in k[m] for k in keys.values() for m in both):
+            verdict += f"; TPR after paraphrase at their lengths {_over_keys(keys, 'matched')}"
+        verdicts.append(verdict)
     if not rows:
         return []
     return [
@@ -304,11 +351,12 @@ def projection_keys(folder: Path, shown: str) -> list[str]:
         "paraphrased (how many in its row). A key is one draw of the secret and of the trained selector, so each key "
         "is one observation here, and the interval is Student's t over keys: it includes how much keys differ, which "
         "the pooled intervals above leave out. TPR@1%FPR is at each key's threshold from its human continuations; "
-        "'at p' is the fraction of kept paraphrases flagged at p <= 0.01:",
+        "'at p' is the fraction of kept paraphrases flagged at p <= 0.01, and 'at length' their TPR with the threshold "
+        "at 1% FPR of the human continuations cut to their lengths:",
         "",
-        "| prompt | seed | paraphrased | OpenStamp TPR clean | kept | TPR after | at p | no projection TPR clean "
-        "| kept | TPR after | at p | OpenStamp minus no projection, TPR after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| prompt | seed | paraphrased | OpenStamp TPR clean | kept | TPR after | at p | at length "
+        "| no projection TPR clean | kept | TPR after | at p | at length | OpenStamp minus no projection, TPR after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
         "OpenStamp minus no projection (the mean of the per-key differences, with its 95% t interval): "
@@ -340,7 +388,14 @@ def _per_key(ev: dict, attack: dict) -> dict[int, dict]:
         if real["n"]:
             entry.update(paraphrased=paraphrased, kept=real["n"], after=real["tpr_at_1pct_fpr_after"])
             entry["p"] = real["flagged_at_p_0.01"]
+            if cut := real.get("human_cut"):
+                entry.update(matched=cut["tpr_at_1pct_fpr"], over=cut["over_threshold"])
     return out
+
+
+def _get(entry: dict) -> str:
+    """A key's TPR after paraphrase at the threshold of human text cut to the paraphrases' lengths, if recorded."""
+    return f"{entry['matched']:.3f}" if "matched" in entry else "-"
 
 
 def _over_keys(keys: dict[int, dict], field: str) -> str:
