@@ -366,9 +366,11 @@ def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
 
     out, results, methods = finished_run
     assert (out / "length_curve.png").exists()
-    assert "## Detection against length" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Detection against length" in report and "Human text cut to each length" in report
     for run in results["runs"]:
         curve = run["length_curve"]
+        assert all(0 <= row["human_over_full_threshold"] <= 1 for row in curve)
         assert [row["tokens"] for row in curve] == [16, 32], run["run"]  # 64 and 128 exceed new_tokens 32
         full, m = curve[-1], run["metrics"]
         assert full["tpr_at_1pct_fpr"] == m["tpr_at_1pct_fpr"] and full["auroc"] == pytest.approx(m["auroc"])
@@ -420,6 +422,13 @@ def test_length_curve_maths():
     assert rows[0]["flagged_at_p_0.01"] == 0.75 and rows[0]["human_flagged_at_p_0.01"] == 0.0
     no_p = [{**r, "p_value": None} for r in watermarked + human]  # a method without p-values
     assert curve({"10": {"watermarked": no_p[:4], "human": no_p[4:]}})[0]["flagged_at_p_0.01"] is None
+    assert rows[0]["human_over_full_threshold"] == 0.01  # the full length against its own threshold
+    # shorter human text spreads wider: at 5 tokens, 10 of 100 pass the threshold of the 10-token texts (98)
+    short = [record(float(x) + (50 if x >= 90 else 0), 0.5) for x in range(100)]
+    rows = curve(
+        {"10": {"watermarked": watermarked, "human": human}, "5": {"watermarked": watermarked, "human": short}}
+    )
+    assert [r["tokens"] for r in rows] == [5, 10] and rows[0]["human_over_full_threshold"] == 0.1
 
 
 def test_a_swept_length_curve_gets_one_panel_per_method(tmp_path):

@@ -12,7 +12,10 @@ scores ``new_tokens`` - 1). Per run and length:
 * ``flagged_at_p_0.01``: the fraction of watermarked texts whose p-value is <= 0.01 (a text the
   detector refuses as too short is not flagged), for methods that give p-values (None otherwise),
   and ``human_flagged_at_p_0.01``, its false-positive rate;
-* ``auroc`` against the human texts, and ``scored_tokens``: the median tokens the detector scored.
+* ``auroc`` against the human texts, and ``scored_tokens``: the median tokens the detector scored;
+* ``human_over_full_threshold``: the fraction of human texts of that length above the threshold at 1% FPR of
+  the full-length human texts, the false-positive rate a threshold calibrated on full-length text has on
+  shorter text (1% if length did not matter; a text that is attacked shorter, a paraphrase, meets it).
 
 Scored inside the eval's hidden-state cache, right after the full texts, a cut text takes the
 decoder states of the full text it was cut from (``openstamp.hidden.HiddenCache``): detectors that
@@ -35,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.detect.detector import p_values_down_to
-from openstamp.evaluation.metrics import auroc, tpr_at_fpr
+from openstamp.evaluation.metrics import auroc, threshold_at_fpr, tpr_at_fpr
 from openstamp.methods.base import score_dicts
 from openstamp.storage import atomic_write_json, read_json
 
@@ -71,11 +74,14 @@ def score_lengths(out: Path, run: str, method, model, tokenizer, watermarked, hu
 
 
 def curve(scores: dict) -> list[dict]:
-    """One row per length: TPR@1%FPR, AUROC, the p <= 0.01 decisions and the median scored tokens."""
-    rows = []
-    for n, sets in sorted(scores.items(), key=lambda item: int(item[0])):
+    """One row per length: TPR@1%FPR, AUROC, the p <= 0.01 decisions, the full-length threshold's false positives
+    and the median scored tokens (the longest length is the full one)."""
+    rows, full = [], None
+    for n, sets in sorted(scores.items(), key=lambda item: -int(item[0])):
         pos = np.array([-np.inf if r["score"] is None else r["score"] for r in sets["watermarked"]])
         neg = np.array([r["score"] for r in sets["human"] if r["score"] is not None], dtype=np.float64)
+        if full is None and len(neg):
+            full = threshold_at_fpr(neg, 0.01)
         # a text the detector refused (too short after re-tokenising) is not flagged, as its score is -inf
         p_pos = [1.0 if r["p_value"] is None else r["p_value"] for r in sets["watermarked"]]
         p_neg = [r["p_value"] for r in sets["human"] if r["p_value"] is not None]
@@ -88,9 +94,10 @@ def curve(scores: dict) -> list[dict]:
                 "tpr_at_1pct_fpr": tpr_at_fpr(pos, neg, 0.01)["tpr"] if len(neg) else None,
                 "flagged_at_p_0.01": float(np.mean(np.array(p_pos) <= LEVEL)) if has_p else None,
                 "human_flagged_at_p_0.01": float(np.mean(np.array(p_neg) <= LEVEL)) if has_p and p_neg else None,
+                "human_over_full_threshold": float(np.mean(neg > full)) if full is not None and len(neg) else None,
             }
         )
-    return rows
+    return rows[::-1]
 
 
 def run_curve(out: Path, run: str, full: dict, new_tokens: int) -> list[dict] | None:
@@ -105,7 +112,14 @@ def run_curve(out: Path, run: str, full: dict, new_tokens: int) -> list[dict] | 
 
 def mean_curve(per_run: list[dict]) -> list[dict]:
     """Per (method, strength): the mean over seeds of each length's figures."""
-    keys = ("tpr_at_1pct_fpr", "flagged_at_p_0.01", "human_flagged_at_p_0.01", "auroc", "scored_tokens")
+    keys = (
+        "tpr_at_1pct_fpr",
+        "flagged_at_p_0.01",
+        "human_flagged_at_p_0.01",
+        "human_over_full_threshold",
+        "auroc",
+        "scored_tokens",
+    )
     rows = []
     for method, strength in dict.fromkeys((r["method"], r["strength"]) for r in per_run if r.get("length_curve")):
         group = [r["length_curve"] for r in per_run if (r["method"], r["strength"]) == (method, strength)]

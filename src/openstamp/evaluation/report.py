@@ -134,14 +134,31 @@ def length_table(results: dict) -> list[str]:
         "| method | strength | " + " | ".join(str(t) for t in tokens) + " |",
         "|---|---:|" + "---:|" * len(tokens),
     ]
+    lines += _per_length(rows, tokens, "tpr_at_1pct_fpr", "flagged_at_p_0.01")
+    if any(r.get("human_over_full_threshold") is not None for r in rows):
+        lines += [
+            "",
+            "Human text cut to each length: the fraction above the threshold at 1% FPR of the whole-length human "
+            "texts (1% if length did not matter: the false-positive rate of a threshold calibrated on long text, "
+            "met by text an attack made shorter), and in brackets the fraction at p <= 0.01.",
+            "",
+            "| method | strength | " + " | ".join(str(t) for t in tokens) + " |",
+            "|---|---:|" + "---:|" * len(tokens),
+            *_per_length(rows, tokens, "human_over_full_threshold", "human_flagged_at_p_0.01"),
+        ]
+    return lines
+
+
+def _per_length(rows: list[dict], tokens: list[int], value: str, bracket: str) -> list[str]:
+    """One table row per method and strength: ``value`` at each length, ``bracket`` beside it where recorded."""
+    lines = []
     for method, strength in dict.fromkeys((r["method"], r["strength"]) for r in rows):
         at = {r["tokens"]: r for r in rows if (r["method"], r["strength"]) == (method, strength)}
         cells = []
         for t in tokens:
-            r = at.get(t)
-            flagged = "" if r is None or r["flagged_at_p_0.01"] is None else f" ({r['flagged_at_p_0.01']:.2f})"
-            tpr = "-" if r is None or r["tpr_at_1pct_fpr"] is None else f"{r['tpr_at_1pct_fpr']:.3f}"
-            cells.append(f"{tpr}{flagged}")
+            r = at.get(t) or {}
+            extra = "" if r.get(bracket) is None else f" ({r[bracket]:.2f})"
+            cells.append(("-" if r.get(value) is None else f"{r[value]:.3f}") + extra)
         lines.append(f"| {method} | {strength:g} | " + " | ".join(cells) + " |")
     return lines
 
