@@ -33,6 +33,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             "added since at its new default, which it now refuses)"
         )
         out += paraphrase_detail(attack, f"{shown}/attacks", lead) + [""]
+        out += _threshold_note(folder.parent / "threshold_lengths.json", attack)
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -40,6 +41,42 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         )
         out += paraphrase_detail(earlier, f"{shown}/main-eval", lead) + [""]
     return out
+
+
+def _threshold_note(path: Path, attack: dict) -> list[str]:
+    """What each method's full-length threshold flags of human text as short as the paraphrases (from
+    ``benchmarks/threshold_lengths.py``), since the TPRs above are read at that threshold."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    ratios = [q["length_ratio_mean"] for a in attack.values() if a.get("quality") for q in a["quality"].values()]
+    cuts = [t for t in (128, 64) if all(any(r["tokens"] == t for r in run["lengths"]) for run in data["runs"])]
+    if not ratios or not cuts:
+        return []
+
+    def at(run: dict, tokens: int, field: str) -> float | None:
+        return next(r[field] for r in run["lengths"] if r["tokens"] == tokens)
+
+    cells = []
+    for run in data["runs"]:
+        over = " / ".join(f"{at(run, t, 'human_over_full_threshold'):.1%}" for t in cuts)
+        p_values = [at(run, t, "human_flagged_at_p_0.01") for t in cuts]
+        by_p = "" if None in p_values else " (p-value: " + " / ".join(f"{v:.1%}" for v in p_values) + ")"
+        cells.append(f"{run['method']} {over}{by_p}")
+    settings = data["settings"]
+    return [
+        f"These TPRs are read at the threshold from human continuations of {settings['new_tokens']} tokens, and the "
+        f"paraphrases ran {min(ratios):.2f}-{max(ratios):.2f} of their originals' length. Cut to "
+        f"{' and '.join(map(str, cuts))} scored tokens, human text passes each method's full-length threshold this "
+        "often (1% at full length; `python benchmarks/threshold_lengths.py`: the length curve of the default "
+        f"comparison, "
+        f"`{settings['eval']}`, {settings['n']} human texts, seed {', '.join(map(str, settings['seeds']))}): "
+        + "; ".join(cells)
+        + ". So each method's TPR after paraphrase holds at a false-positive rate of its own, and a difference "
+        "between two methods favours the one whose threshold passes more short human text; the p-value's rate "
+        "does not depend on the threshold.",
+        "",
+    ]
 
 
 def _load(folder: Path) -> dict:

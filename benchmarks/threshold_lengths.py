@@ -1,0 +1,76 @@
+"""What a threshold calibrated on whole completions does on shorter text, per method, from an eval's length curve.
+
+    python benchmarks/threshold_lengths.py [--eval runs/eval-timed]
+
+TPR@1%FPR chooses its threshold on human continuations as long as the completions (200 tokens in the default
+comparison). An attack that shortens text (a paraphrase runs about half as long) is then scored against that
+threshold, but a detector's score on human text may spread wider on shorter text: the threshold's false-positive
+rate at that length is not 1%. This script reads an eval folder's cached scores (the full texts and the length
+curve's cut texts; nothing is scored again) and gives, per run and length, the human texts above the full-length
+threshold (``human_over_full_threshold``, the length curve's field) and at p <= 0.01, with exact 95% intervals.
+
+A method whose threshold flags more human text at a length is flattered by any TPR read at that threshold there.
+Writes benchmarks/results/threshold_lengths.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common import write_result
+
+from openstamp.evaluation.lengths import lengths_path, run_curve
+from openstamp.evaluation.metrics import clopper_pearson
+from openstamp.storage import read_json
+
+
+def run_rows(folder: Path, results: dict) -> list[dict]:
+    """Per run of the eval at ``folder`` with a length curve: each length's human false positives."""
+    rows = []
+    for run in results["runs"]:
+        scores = read_json(folder / "scores" / f"{run['run'].replace('/', '_')}.json", "scores")
+        curve = run_curve(folder, run["run"], scores, results["config"]["new_tokens"])
+        if not curve:
+            continue
+        cut = read_json(lengths_path(folder, run["run"]), "length scores")
+        lengths = []
+        for row in curve:
+            human = cut.get(str(row["tokens"]), scores)["human"]  # the full length is the eval's own scores
+            n = len([r for r in human if r["score"] is not None])
+            entry = {"tokens": row["tokens"], "human": n}
+            for field in ("human_over_full_threshold", "human_flagged_at_p_0.01"):
+                value = row[field]
+                entry[field] = value
+                entry[f"{field}_ci"] = None if value is None else clopper_pearson(round(value * n), n)
+            lengths.append(entry)
+        rows.append({"run": run["run"], "method": run["method"], "strength": run["strength"], "lengths": lengths})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eval", type=Path, default=Path("runs/eval-timed"), help="a finished eval folder")
+    args = parser.parse_args()
+    path = args.eval / "results.json"
+    if not path.exists():
+        raise SystemExit(f"{args.eval} holds no finished eval (no results.json)")
+    results = read_json(path, "eval results")
+    rows = run_rows(args.eval, results)
+    if not rows:
+        raise SystemExit(f"{args.eval} has no length curve (its eval ran with --set lengths=)")
+    cfg = results["config"]
+    settings = {"eval": str(args.eval), "n": cfg["n"], "new_tokens": cfg["new_tokens"], "seeds": cfg["seeds"]}
+    out = write_result("threshold_lengths", {"settings": settings, "runs": rows})
+    for row in rows:
+        cells = [
+            f"{r['tokens']}: {r['human_over_full_threshold']:.3f}"
+            + ("" if r["human_flagged_at_p_0.01"] is None else f" ({r['human_flagged_at_p_0.01']:.3f})")
+            for r in row["lengths"]
+        ]
+        print(f"{row['run']:<24} " + "  ".join(cells))
+    print(f"human text over the full-length 1% FPR threshold (at p <= 0.01) per scored length; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
