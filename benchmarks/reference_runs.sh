@@ -29,6 +29,8 @@ timed() {
   $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
   mkdir -p benchmarks/results/eval_timed
   cp $T/results.json $T/report.md $T/timings.json benchmarks/results/eval_timed/
+  # what each method's full-length threshold passes of human text cut shorter (from its cached length curve)
+  .venv/bin/python benchmarks/threshold_lengths.py --eval $T
 }
 tune_key() {
   # $1 the key folder, $2 the results name (benchmarks/results/$2.json), then any other tune options: the smallest
