@@ -212,6 +212,23 @@ paraphrase64() {
     cp $P/results.json $P/report.md $K/
   done
 }
+paraphrase_timed() {
+  # paraphrase64's comparison on the timed stage's eval (every method at its default strength, 200 prompts, 200 new
+  # tokens; run `timed` first), whose length curve measures each threshold on shorter human text: the first 64
+  # completions of each method paraphrased with each prompt of PARA_TIMED_PROMPTS (default: the paper's), and the
+  # kept paraphrases judged three ways: the full-length threshold, p <= 0.01, and the threshold of the human
+  # continuations cut to their lengths. About 100 min per prompt on 2 cores
+  local T=runs/eval-timed K=benchmarks/results/paraphrase64/timed
+  local methods=openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir,kgw-distilled
+  bash scripts/install_assets.sh qwen05
+  mkdir -p $K
+  for prompt in ${PARA_TIMED_PROMPTS:-paper}; do
+    $OPENSTAMP attack paraphrase --eval $T --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
+      --methods $methods --out runs/para64-timed-$prompt
+    cp runs/para64-timed-$prompt/results.json $K/para64-timed-$prompt.json
+    cp $T/attacks/para64-timed-$prompt* $K/
+  done
+}
 
 projection() {
   # the projection's effect under paraphrase, at equal cost: OpenStamp and the no-projection ablation, both with

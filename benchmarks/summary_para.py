@@ -34,6 +34,14 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         )
         out += paraphrase_detail(attack, f"{shown}/attacks", lead) + [""]
         out += _threshold_note(folder.parent / "threshold_lengths.json", attack)
+    if (timed := _load(folder / "timed")) and (own := folder.parent / "eval_timed" / "results.json").exists():
+        cfg = json.loads(own.read_text())["config"]
+        lead = (
+            "The same on the timed default comparison's eval (`bash benchmarks/reference_runs.sh timed "
+            f"paraphrase_timed`; {cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, "
+            f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
+        )
+        out += paraphrase_detail(timed, f"{shown}/timed", lead) + [""]
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -96,16 +104,31 @@ def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
         return []
     first = next(iter(runs.values()))["settings"]
     prompts = sorted({a["settings"].get("prompt", "paper") for a in runs.values()})
+    cut = any("human_cut" in r["real"] for a in runs.values() for r in a["runs"])
+    more = (
+        " | at p <= 0.01 (kept) | human at their lengths: over the threshold / at p <= 0.01 "
+        "| TPR at their lengths [95% CI]"
+        if cut
+        else ""
+    )
     rows = [
         f"{lead}: `{first['paraphraser']}`, {' and '.join(PROMPTS[p] for p in prompts)}. "
         f"TPR@1%FPR against the eval's human continuations (AUROC), first on every paraphrase, "
         f"then on those that are not near-copies (keeping less than {first['near_copy']:g} of the original's "
         "token 3-grams), with an exact 95% interval, and the mean detector score of those texts before and after; "
-        "MiniLM cosine of original and paraphrase:",
+        "MiniLM cosine of original and paraphrase"
+        + (
+            "; then the kept paraphrases flagged at p <= 0.01, and against the human continuations cut to their "
+            "lengths: how many of those the threshold and the p-value flag (1% if length did not matter), and the "
+            "TPR with the threshold at 1% FPR of the cut texts"
+            if cut
+            else ""
+        )
+        + ":",
         "",
         "| prompt | method | n | near-copies | cosine | length ratio | TPR after paraphrase (AUROC) "
-        "| TPR, near-copies excluded [95% CI] | kept | mean score before / after (kept) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| TPR, near-copies excluded [95% CI] | kept | mean score before / after (kept){more} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if cut else ""),
     ]
     for a in sorted(runs.values(), key=lambda a: a["settings"].get("prompt", "paper")):
         prompt = a["settings"].get("prompt", "paper")
@@ -119,31 +142,63 @@ def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
                 scores = f"{real['mean_score_before']:.3f} / {real['mean_score_after']:.3f}"
             else:
                 kept = scores = "-"
+            extra = _cut_cells(real) if cut else ""
             rows.append(
                 f"| {prompt} | {run['method']} | {q['n']} | {q['near_copy_fraction']:.0%} | {q['cosine_mean']:.2f} "
                 f"| {q['length_ratio_mean']:.2f} "
-                f"| {after} | {kept} | {real['n']} | {scores} |"
+                f"| {after} | {kept} | {real['n']} | {scores}{extra} |"
             )
     plots = [f"![{name} similarity]({figures}/{name}_paraphrase_similarity.png)" for name in runs]
     strength = "Paraphrase strength (MiniLM cosine of each paraphrase with its original): " + " ".join(plots)
     return rows + _projection(runs) + ["", strength]
 
 
+def _cut_cells(real: dict) -> str:
+    """The table cells of a run's kept paraphrases at p <= 0.01 and against human text cut to their lengths."""
+    at_p, cut = real.get("flagged_at_p_0.01"), real.get("human_cut")
+    cells = ["-" if at_p is None else f"{at_p:.3f}", "-", "-"]
+    if cut:
+        p_cut = "-" if cut["flagged_at_p_0.01"] is None else f"{cut['flagged_at_p_0.01']:.1%}"
+        low, high = cut["tpr_at_1pct_fpr_ci"]
+        cells[1:] = f"{cut['over_threshold']:.1%} / {p_cut}", f"{cut['tpr_at_1pct_fpr']:.3f} [{low:.2f}, {high:.2f}]"
+    return "".join(f" | {c}" for c in cells)
+
+
+def _measures(real: dict) -> dict[str, tuple[int, int]]:
+    """(flagged, kept) of a run's kept paraphrases by each decision it recorded: the full-length threshold, the
+    threshold of human text cut to their lengths, and p <= 0.01."""
+    out = {"": _kept(real)}
+    if cut := real.get("human_cut"):
+        out["at their lengths"] = round(cut["tpr_at_1pct_fpr"] * real["n"]), real["n"]
+    if real.get("flagged_at_p_0.01") is not None:
+        out["at p <= 0.01"] = _at_p(real), real["n"]
+    return out
+
+
 def _projection(runs: dict) -> list[str]:
     """OpenStamp against no projection, then against each baseline, near-copies excluded, per prompt: the
-    difference with Newcombe's 95% interval, resolved where the interval leaves out 0."""
+    difference with Newcombe's 95% interval, resolved where the interval leaves out 0; by the full-length threshold,
+    and also at the paraphrases' lengths and at p <= 0.01 where both runs recorded them."""
     projection, baselines = [], []
     for a in runs.values():
-        real = {r["method"]: r["real"] for r in a["runs"] if r["real"]["n"]}
+        real = {r["method"]: _measures(r["real"]) for r in a["runs"] if r["real"]["n"]}
         if "openstamp" not in real:
             continue
         prompt = a["settings"].get("prompt", "paper")
-        gaps = {m: _difference(_kept(real["openstamp"]), _kept(r)) for m, r in real.items() if m != "openstamp"}
+        gaps = {
+            m: {k: _difference(real["openstamp"][k], v) for k, v in r.items() if k in real["openstamp"]}
+            for m, r in real.items()
+            if m != "openstamp"
+        }
         if "openstamp-nosem" in gaps:
-            projection.append(f"{prompt} prompt: {_said(*gaps.pop('openstamp-nosem'))}")
+            said = [f"{k} {_said(*gap)}".strip() for k, gap in gaps.pop("openstamp-nosem").items()]
+            projection.append(f"{prompt} prompt: " + ", ".join(said))
         if gaps:
-            cells = [f"{m} {_said(*gap, plain=True)}" for m, gap in gaps.items()]
-            baselines.append(f"{prompt} prompt: " + ", ".join(cells))
+            cells = [
+                f"{m} " + ", ".join(f"{k} {_said(*gap, plain=True)}".strip() for k, gap in by.items())
+                for m, by in gaps.items()
+            ]
+            baselines.append(f"With the {prompt} prompt: " + "; ".join(cells) + ".")
     lines = []
     if projection:
         lead = (
@@ -154,9 +209,9 @@ def _projection(runs: dict) -> list[str]:
     if baselines:
         lead = (
             "OpenStamp minus each baseline, near-copies excluded, each at its default strength (their costs differ: "
-            "see the sweep), with Newcombe's 95% interval; '(resolved)' where it leaves out 0: "
+            "see the sweep), with Newcombe's 95% interval; '(resolved)' where it leaves out 0. "
         )
-        lines += ["", lead + "; ".join(baselines) + "."]
+        lines += ["", lead + " ".join(baselines)]
     return lines
 
 
