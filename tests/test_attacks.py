@@ -317,6 +317,8 @@ def test_human_text_cut_to_the_paraphrases_lengths_splits_the_threshold_from_the
         "tpr_at_1pct_fpr"
     ] == pytest.approx(1 / 3)
     assert "human_cut" not in real_paraphrases(before, after, eval_scores, [0.1] * 4, 0.8)
+    too_short = [{"score": None, "p_value": None}] * 3  # no cut text scored: nothing to compare with
+    assert "human_cut" not in real_paraphrases(before, after, eval_scores, [0.1] * 4, 0.8, too_short)
 
 
 def test_cut_to_gives_each_human_text_a_paraphrase_length_in_turn():

@@ -327,14 +327,17 @@ def real_paraphrases(
         "mean_score_after": mean_score(now),
         "flagged_at_p_0.01": metrics.get("flagged_at_p_0.01"),
     }
-    if human_cut is not None:
-        out["human_cut"] = _at_their_lengths(now, human_cut, eval_scores)
+    if human_cut is not None and (matched := _at_their_lengths(now, human_cut, eval_scores)) is not None:
+        out["human_cut"] = matched
     return out
 
 
-def _at_their_lengths(now: list[dict], human_cut: list[dict], eval_scores: dict) -> dict:
-    """The kept paraphrases (``now``) against human text cut to their lengths (see :func:`real_paraphrases`)."""
+def _at_their_lengths(now: list[dict], human_cut: list[dict], eval_scores: dict) -> dict | None:
+    """The kept paraphrases (``now``) against human text cut to their lengths (see :func:`real_paraphrases`); None
+    where the detector scored none of the cut texts (each too short)."""
     cut = np.array([r["score"] for r in human_cut if r["score"] is not None], dtype=np.float64)
+    if not len(cut):
+        return None
     full = [r["score"] for r in eval_scores["human"] if r["score"] is not None]
     matched = attacked_metrics(now, {**eval_scores, "human": human_cut})
     tpr = matched["tpr_at_1pct_fpr"]
