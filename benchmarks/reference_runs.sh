@@ -215,11 +215,13 @@ paraphrase64() {
 paraphrase_timed() {
   # paraphrase64's comparison on the timed stage's eval (every method at its default strength, 200 prompts, 200 new
   # tokens; run `timed` first), whose length curve measures each threshold on shorter human text: the first 64
-  # completions of each method paraphrased with each prompt of PARA_TIMED_PROMPTS (default: the paper's), and the
-  # kept paraphrases judged three ways: the full-length threshold, p <= 0.01, and the threshold of the human
-  # continuations cut to their lengths. About 100 min per prompt on 2 cores
+  # completions of each method of PARA_TIMED_METHODS (default: all 8) paraphrased with each prompt of
+  # PARA_TIMED_PROMPTS (default: the paper's), and the kept paraphrases judged three ways: the full-length
+  # threshold, p <= 0.01, and the threshold of the human continuations cut to their lengths. About 16 min per
+  # method and prompt on 2 cores (8 batches of 8 paraphrases of 200-token texts); the folder grows by methods, so
+  # a later run with more methods re-uses what an earlier one made
   local T=runs/eval-timed K=benchmarks/results/paraphrase64/timed
-  local methods=openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir,kgw-distilled
+  local methods=${PARA_TIMED_METHODS:-openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir,kgw-distilled}
   bash scripts/install_assets.sh qwen05
   mkdir -p $K
   for prompt in ${PARA_TIMED_PROMPTS:-paper}; do
