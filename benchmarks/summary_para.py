@@ -77,8 +77,8 @@ def _threshold_note(path: Path, attack: dict) -> list[str]:
         f"paraphrases ran {min(ratios):.2f}-{max(ratios):.2f} of their originals' length. Cut to "
         f"{' and '.join(map(str, cuts))} scored tokens, human text passes each method's full-length threshold this "
         "often (1% at full length; `python benchmarks/threshold_lengths.py`: the length curve of the default "
-        f"comparison, "
-        f"`{settings['eval']}`, {settings['n']} human texts, seed {', '.join(map(str, settings['seeds']))}): "
+        f"comparison, `{settings['eval']}`, {settings['n']} human texts, "
+        f"seed {', '.join(map(str, settings['seeds']))}): "
         + "; ".join(cells)
         + ". So each method's TPR after paraphrase holds at a false-positive rate of its own, and a difference "
         "between two methods favours the one whose threshold passes more short human text; the p-value's rate "
