@@ -126,24 +126,25 @@ def length_table(results: dict) -> list[str]:
     if not rows:
         return []
     tokens = sorted({r["tokens"] for r in rows})
-    lines = [
-        "Each cell: TPR@1%FPR against human text cut to the same length (fraction of watermarked texts "
-        "flagged at p <= 0.01, where the method gives p-values). Columns: tokens scored in each text (it is "
-        "cut to one token more: the first is context); the last column is the whole completion.",
+    header = [
         "",
         "| method | strength | " + " | ".join(str(t) for t in tokens) + " |",
         "|---|---:|" + "---:|" * len(tokens),
     ]
-    lines += _per_length(rows, tokens, "tpr_at_1pct_fpr", "flagged_at_p_0.01")
+    lines = [
+        "Each cell: TPR@1%FPR against human text cut to the same length (fraction of watermarked texts "
+        "flagged at p <= 0.01, where the method gives p-values). Columns: tokens scored in each text (it is "
+        "cut to one token more: the first is context); the last column is the whole completion.",
+        *header,
+        *_per_length(rows, tokens, "tpr_at_1pct_fpr", "flagged_at_p_0.01"),
+    ]
     if any(r.get("human_over_full_threshold") is not None for r in rows):
         lines += [
             "",
             "Human text cut to each length: the fraction above the threshold at 1% FPR of the whole-length human "
             "texts (1% if length did not matter: the false-positive rate of a threshold calibrated on long text, "
             "met by text an attack made shorter), and in brackets the fraction at p <= 0.01.",
-            "",
-            "| method | strength | " + " | ".join(str(t) for t in tokens) + " |",
-            "|---|---:|" + "---:|" * len(tokens),
+            *header,
             *_per_length(rows, tokens, "human_over_full_threshold", "human_flagged_at_p_0.01"),
         ]
     return lines
