@@ -159,8 +159,7 @@ def _cut_cells(real: dict) -> str:
     cells = ["-" if at_p is None else f"{at_p:.3f}", "-", "-"]
     if cut:
         p_cut = "-" if cut["flagged_at_p_0.01"] is None else f"{cut['flagged_at_p_0.01']:.1%}"
-        low, high = cut["tpr_at_1pct_fpr_ci"]
-        cells[1:] = f"{cut['over_threshold']:.1%} / {p_cut}", f"{cut['tpr_at_1pct_fpr']:.3f} [{low:.2f}, {high:.2f}]"
+        cells[1:] = f"{cut['over_threshold']:.1%} / {p_cut}", _rate(*_measures(real)["at their lengths"])
     return "".join(f" | {c}" for c in cells)
 
 
@@ -391,7 +390,7 @@ def _pooled_after(attack: dict) -> dict:
         entry["hits"] += hits
         entry["p_hits"] += _at_p(real)
         if cut := real.get("human_cut"):
-            entry["m_hits"] += round(cut["tpr_at_1pct_fpr"] * real["n"])
+            entry["m_hits"] += _measures(real)["at their lengths"][0]
             entry["cut_n"] += cut["n"]
             entry["cut_over"] += round(cut["over_threshold"] * cut["n"])
             entry["cut_p"] += round(cut["flagged_at_p_0.01"] * cut["n"])
