@@ -82,9 +82,33 @@ def _threshold_note(path: Path, attack: dict) -> list[str]:
         + "; ".join(cells)
         + ". So each method's TPR after paraphrase holds at a false-positive rate of its own, and a difference "
         "between two methods favours the one whose threshold passes more short human text; the p-value's rate "
-        "does not depend on the threshold.",
+        "does not depend on the threshold." + _scale_note(data["runs"], min(cuts), settings["new_tokens"]),
         "",
     ]
+
+
+def _scale_note(runs: list[dict], tokens: int, full: int) -> str:
+    """Which methods' scores are per-token means, whose spread on human text widens on shorter text, and which are
+    standardised for length (``score_scale`` and ``human_sd_ratio`` of ``benchmarks/threshold_lengths.py``)."""
+    if any("score_scale" not in run for run in runs):
+        return ""  # written before the script recorded it
+    groups = {}
+    for run in runs:
+        ratio = next(r["human_sd_ratio"] for r in run["lengths"] if r["tokens"] == tokens)
+        groups.setdefault(run["score_scale"], []).append((run["method"], ratio))
+    parts = [
+        f"{scale} ({', '.join(m for m, _ in members)}: {min(r for _, r in members):.2f}-"
+        f"{max(r for _, r in members):.2f})"
+        for scale, members in groups.items()
+    ]
+    return (
+        f" Why: a method's human scores spread at {tokens} tokens this many times as at {full}, by the kind of score: "
+        + "; ".join(parts)
+        + f". A per-token mean (a length-normalised LLR) spreads as 1/sqrt(tokens), {(full / tokens) ** 0.5:.2f} "
+        "times here, so its full-length threshold passes more short text; a standardised score (a z-score) spreads "
+        "alike at every length, and one that still passes more than 1% above does so for another reason than its "
+        "spread."
+    )
 
 
 def _load(folder: Path) -> dict:

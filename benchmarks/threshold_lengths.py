@@ -9,6 +9,13 @@ rate at that length is not 1%. This script reads an eval folder's cached scores 
 curve's cut texts; nothing is scored again) and gives, per run and length, the human texts above the full-length
 threshold (``human_over_full_threshold``, the length curve's field) and at p <= 0.01, with exact 95% intervals.
 
+Why a threshold passes more short text: ``human_sd_ratio`` is the spread (standard deviation) of the human texts'
+scores at a length over their spread at full length. A score that is a mean of per-token terms (a length-normalised
+LLR) spreads as 1/sqrt(tokens), so its ratio at L of N tokens is near sqrt(N / L) and its full-length threshold sits
+ever nearer the middle of shorter text's scores; a score standardised for length (a z-score) keeps a ratio near 1
+and a threshold that holds. Each run's ``score_scale`` names the nearer of the two at the shortest length:
+"per-token mean" or "standardised".
+
 A method whose threshold flags more human text at a length is flattered by any TPR read at that threshold there.
 Writes benchmarks/results/threshold_lengths.json.
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 from common import write_result
 
 from openstamp.evaluation.lengths import lengths_path, run_curve
@@ -34,18 +42,39 @@ def run_rows(folder: Path, results: dict) -> list[dict]:
         if not curve:
             continue
         cut = read_json(lengths_path(folder, run["run"]), "length scores")
+        spread = np.std(_human(scores))
         lengths = []
         for row in curve:
-            human = cut.get(str(row["tokens"]), scores)["human"]  # the full length is the eval's own scores
-            n = len([r for r in human if r["score"] is not None])
-            entry = {"tokens": row["tokens"], "human": n}
+            human = _human(cut.get(str(row["tokens"]), scores))  # the full length is the eval's own scores
+            n = len(human)
+            entry = {"tokens": row["tokens"], "human": n, "human_sd_ratio": float(np.std(human) / spread)}
             for field in ("human_over_full_threshold", "human_flagged_at_p_0.01"):
                 value = row[field]
                 entry[field] = value
                 entry[f"{field}_ci"] = None if value is None else clopper_pearson(round(value * n), n)
             lengths.append(entry)
-        rows.append({"run": run["run"], "method": run["method"], "strength": run["strength"], "lengths": lengths})
+        full, short = curve[-1]["tokens"], lengths[0]
+        rows.append(
+            {
+                "run": run["run"],
+                "method": run["method"],
+                "strength": run["strength"],
+                "score_scale": score_scale(short["human_sd_ratio"], full / short["tokens"]),
+                "lengths": lengths,
+            }
+        )
     return rows
+
+
+def _human(scores: dict) -> np.ndarray:
+    return np.array([r["score"] for r in scores["human"] if r["score"] is not None], dtype=np.float64)
+
+
+def score_scale(sd_ratio: float, shrink: float) -> str:
+    """How a score's spread on human text scales with length: "per-token mean" where ``sd_ratio``, its spread at a
+    length ``shrink`` times shorter than full over its spread at full length, is nearer (in log terms) sqrt(shrink),
+    a mean's, than 1, a standardised score's; "standardised" otherwise."""
+    return "per-token mean" if abs(np.log(sd_ratio) - np.log(shrink) / 2) < abs(np.log(sd_ratio)) else "standardised"
 
 
 def main() -> None:
@@ -68,8 +97,11 @@ def main() -> None:
             + ("" if r["human_flagged_at_p_0.01"] is None else f" ({r['human_flagged_at_p_0.01']:.3f})")
             for r in row["lengths"]
         ]
-        print(f"{row['run']:<24} " + "  ".join(cells))
-    print(f"human text over the full-length 1% FPR threshold (at p <= 0.01) per scored length; wrote {out}")
+        print(f"{row['run']:<24} " + "  ".join(cells) + f"  [{row['score_scale']}]")
+    print(
+        "human text over the full-length 1% FPR threshold (at p <= 0.01) per scored length, [how the score's spread "
+        f"on human text scales with length]; wrote {out}"
+    )
 
 
 if __name__ == "__main__":
