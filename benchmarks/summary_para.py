@@ -32,7 +32,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             "distillation's bfloat16 autocast, though its recorded settings say bfloat16: the eval took a field "
             "added since at its new default, which it now refuses)"
         )
-        out += paraphrase_detail(attack, f"{shown}/attacks", lead) + [""]
+        out += paraphrase_detail(attack, f"{shown}/attacks", lead, _costs(own)) + [""]
         out += _threshold_note(folder.parent / "threshold_lengths.json", attack)
     if (timed := _load(folder / "timed")) and (own := folder.parent / "eval_timed" / "results.json").exists():
         cfg = json.loads(own.read_text())["config"]
@@ -41,7 +41,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"paraphrase_timed`; {cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, "
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
-        out += paraphrase_detail(timed, f"{shown}/timed", lead) + [""]
+        out += paraphrase_detail(timed, f"{shown}/timed", lead, _costs(own)) + [""]
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -115,10 +115,17 @@ def _load(folder: Path) -> dict:
     return {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
 
 
-def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
+def _costs(results: Path) -> dict[str, float]:
+    """Each run of an eval's ``results.json``: its own perplexity change, what its strength costs the model."""
+    runs = json.loads(results.read_text())["runs"]
+    return {r["run"]: r["metrics"]["own_ppl_change"] for r in runs if r["metrics"].get("own_ppl_change") is not None}
+
+
+def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, float] | None = None) -> list[str]:
     """Every paraphrase run that recorded detection without its near-copies (``real``), one row per prompt and method.
 
-    ``lead`` says which eval's releases were paraphrased; ``figures`` is the folder of the runs' plots.
+    ``lead`` says which eval's releases were paraphrased; ``figures`` is the folder of the runs' plots; ``costs``
+    (:func:`_costs`), where given, the eval's own perplexity change of each run, shown beside it.
 
     The projection's effect is OpenStamp against openstamp-nosem on the same paraphraser and prompt:
     with near-copies left out, neither is credited for text the paraphraser did not rewrite.
@@ -142,6 +149,11 @@ def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
         "token 3-grams), with an exact 95% interval, and the mean detector score of those texts before and after; "
         "MiniLM cosine of original and paraphrase"
         + (
+            "; own PPL: what the method's strength costs the model's own perplexity on human text, from the eval"
+            if costs
+            else ""
+        )
+        + (
             "; then the kept paraphrases flagged at p <= 0.01, and against the human continuations cut to their "
             "lengths: how many of those the threshold and the p-value flag (1% if length did not matter), and the "
             "TPR with the threshold at 1% FPR of the cut texts"
@@ -150,9 +162,10 @@ def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
         )
         + ":",
         "",
-        "| prompt | method | n | near-copies | cosine | length ratio | TPR after paraphrase (AUROC) "
-        f"| TPR, near-copies excluded [95% CI] | kept | mean score before / after (kept){more} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 3 if cut else ""),
+        f"| prompt | method{' | own PPL' if costs else ''} | n | near-copies | cosine | length ratio "
+        f"| TPR after paraphrase (AUROC) | TPR, near-copies excluded [95% CI] | kept | mean score before / after (kept)"
+        f"{more} |",
+        "|---|---|" + ("---:|" * (8 + (1 if costs else 0) + (3 if cut else 0))),
     ]
     for a in sorted(runs.values(), key=lambda a: a["settings"].get("prompt", "paper")):
         prompt = a["settings"].get("prompt", "paper")
@@ -167,9 +180,10 @@ def paraphrase_detail(attack: dict, figures: str, lead: str) -> list[str]:
             else:
                 kept = scores = "-"
             extra = _cut_cells(real) if cut else ""
+            cost = "" if costs is None else " | " + ("-" if run["run"] not in costs else f"{costs[run['run']]:+.1%}")
             rows.append(
-                f"| {prompt} | {run['method']} | {q['n']} | {q['near_copy_fraction']:.0%} | {q['cosine_mean']:.2f} "
-                f"| {q['length_ratio_mean']:.2f} "
+                f"| {prompt} | {run['method']}{cost} | {q['n']} | {q['near_copy_fraction']:.0%} "
+                f"| {q['cosine_mean']:.2f} | {q['length_ratio_mean']:.2f} "
                 f"| {after} | {kept} | {real['n']} | {scores}{extra} |"
             )
     plots = [f"![{name} similarity]({figures}/{name}_paraphrase_similarity.png)" for name in runs]
