@@ -245,8 +245,9 @@ def _projection(runs: dict) -> list[str]:
         lines += ["", lead + "; ".join(projection) + "."]
     if baselines:
         lead = (
-            "OpenStamp minus each baseline, near-copies excluded, each at its default strength (their costs differ: "
-            "see the sweep), with Newcombe's 95% interval; '(resolved)' where it leaves out 0. "
+            "OpenStamp minus each baseline, near-copies excluded, each at its default strength (their costs "
+            "differ: the own PPL column above, and the sweep), with Newcombe's 95% interval; '(resolved)' where it "
+            "leaves out 0. "
         )
         lines += ["", lead + " ".join(baselines)]
     return lines
