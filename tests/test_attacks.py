@@ -93,6 +93,38 @@ def test_select_runs_rejects_unknown_methods(eval_dir):
         select_runs(ev, ["gaussmark"])
 
 
+def test_select_runs_at_cost_takes_each_methods_strength_nearest_it(eval_dir):
+    ev = open_eval(eval_dir)
+    seed = ev.cfg.seeds[0]
+
+    def run(method, strength, cost):
+        metrics = {} if cost is None else {"own_ppl_change": cost}
+        return {
+            "run": f"{method}@{strength:g}/s{seed}",
+            "method": method,
+            "strength": strength,
+            "seed": seed,
+            "metrics": metrics,
+        }
+
+    grid = [
+        run("kgw", 1.0, 0.05),
+        run("kgw", 2.0, 0.2),
+        run("kgw", 3.0, 0.5),
+        run("sir", 0.5, 0.1),
+        run("sir", 1.0, 0.42),
+    ]
+    sweep = replace(ev, runs=grid)
+    assert [r["run"] for r in select_runs(sweep, at_cost=0.3)] == [f"kgw@2/s{seed}", f"sir@1/s{seed}"]
+    assert [r["strength"] for r in select_runs(sweep, ["kgw"], at_cost=0.1)] == [1.0]
+    assert [r["strength"] for r in select_runs(sweep, ["kgw"])] == [3.0]  # without: the eval's configured one
+    unmeasured = replace(ev, runs=[*grid, run("kgw", 4.0, None)])
+    with pytest.raises(ValueError, match="no own perplexity change"):
+        select_runs(unmeasured, ["kgw"], at_cost=0.3)
+    with pytest.raises(ValueError, match="at_cost"):
+        ParaphraseConfig(at_cost=-1.5)
+
+
 # -- quantization ------------------------------------------------------------------------------
 
 

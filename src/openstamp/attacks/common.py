@@ -78,10 +78,12 @@ def optional_eval(path: str | Path | None) -> Path | None:
     return None if path is None else open_eval(path).path
 
 
-def select_runs(ev: EvalRun, methods: Sequence[str] | None = None) -> list[dict]:
+def select_runs(ev: EvalRun, methods: Sequence[str] | None = None, at_cost: float | None = None) -> list[dict]:
     """The runs to attack: the named methods (default: all), one strength per method and seed.
 
-    After a sweep, the strength kept is the method's configured one, or the middle of its grid.
+    After a sweep, the strength kept is the method's configured one, or the middle of its grid; with ``at_cost``,
+    the one whose own perplexity change (``own_ppl_change``, 0.3 for +30%) is nearest it, so that the methods are
+    attacked at equal cost to the model.
     """
     unknown = set(methods or ()) - {r["method"] for r in ev.runs}
     if unknown:
@@ -92,10 +94,23 @@ def select_runs(ev: EvalRun, methods: Sequence[str] | None = None) -> list[dict]
             group = [r for r in ev.runs if r["method"] == name and r["seed"] == seed]
             if not group:
                 continue
+            if at_cost is not None:
+                chosen.append(_nearest_cost(ev, group, at_cost))
+                continue
             wanted = ev.cfg.strengths.get(name, _default_strength(ev.cfg, name))
             exact = [r for r in group if np.isclose(r["strength"], wanted)]
             chosen.append(exact[0] if exact else sorted(group, key=lambda r: r["strength"])[len(group) // 2])
     return chosen
+
+
+def _nearest_cost(ev: EvalRun, group: list[dict], cost: float) -> dict:
+    """The run of ``group`` (one method and seed) whose own perplexity change is nearest ``cost``."""
+    if any(r["metrics"].get("own_ppl_change") is None for r in group):
+        raise ValueError(
+            f"{group[0]['run']} of {ev.path} has no own perplexity change to choose a strength at equal cost by; "
+            "run the eval with its own perplexity (the default) or choose the strength without --at-cost"
+        )
+    return min(group, key=lambda r: abs(r["metrics"]["own_ppl_change"] - cost))
 
 
 def _methods(ev: EvalRun) -> list[str]:

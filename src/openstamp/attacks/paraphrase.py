@@ -89,6 +89,11 @@ class ParaphraseConfig:
     )
     seed: int = option(0, "sampling seed (batch b uses seed * 100003 + b)")
     methods: tuple[str, ...] | None = option(None, "methods to attack (default: every method of the eval run)")
+    at_cost: float | None = option(
+        None,
+        "attack each method at the strength whose own perplexity change is nearest this (0.3: +30%; an eval with "
+        "several strengths, a sweep), not at its default: the methods compared at equal cost",
+    )
     dtype: str = option("float32", "paraphraser dtype")
     device: str = option("cpu", "paraphraser device")
 
@@ -99,6 +104,7 @@ class ParaphraseConfig:
         check(self.beams >= 1 and self.batch_size >= 1, "beams and batch_size must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens must be >= 1")
         check(0 < self.near_copy <= 1, "near_copy must be in (0, 1]")
+        check(self.at_cost is None or self.at_cost > -1, "at_cost is a perplexity change: more than -1 (-100%)")
 
 
 def request_text(prompt: str, completion: str, style: str = "paper") -> str:
@@ -202,7 +208,7 @@ def run_paraphrase(eval_dir: Path, out: Path, cfg: ParaphraseConfig, progress: b
     """Paraphrase the selected runs' watermarked completions, re-score them, and report."""
     ev = open_eval(eval_dir)
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
-    runs = select_runs(ev, cfg.methods)
+    runs = select_runs(ev, cfg.methods, cfg.at_cost)
     n = min(cfg.n or len(ev.windows), len(ev.windows))
     tokenizer = load_tokenizer(ev.cfg.model)
     prompts = tokenizer.batch_decode(ev.prompts(n), skip_special_tokens=True)
@@ -422,7 +428,8 @@ def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: di
         f"`{cfg.paraphraser}` rewrote the first {n} watermarked completions of each generation set of `{ev.path}` "
         f"with the paper's request template ({cfg.prompt} instruction) through its chat template ({decoding}{beams}). "
         "Each method's unchanged detector scores the paraphrase with the original model; 'original' is the same "
-        f"detector on the same completions before paraphrasing. {negatives_note(ev)} Cells: mean ± sd over seeds.",
+        f"detector on the same completions before paraphrasing. {negatives_note(ev)} Cells: mean ± sd over seeds."
+        + _cost_note(ev, cfg, runs),
         "",
         *compare_table(summary, "paraphrased"),
         "",
@@ -455,6 +462,18 @@ def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: di
             f"understates what paraphrasing does; try {hint}.",
         ]
     return lines
+
+
+def _cost_note(ev, cfg: ParaphraseConfig, runs: list[dict]) -> str:
+    """Where the methods were chosen at equal cost (``at_cost``): each run's own perplexity change."""
+    if cfg.at_cost is None:
+        return ""
+    cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in ev.runs}
+    chosen = ", ".join(f"{row['run']} {cost[row['run']]:+.1%}" for row in runs)
+    return (
+        f" At equal cost: each method at the strength of the eval whose own perplexity change is nearest "
+        f"{cfg.at_cost:+.0%} ({chosen})."
+    )
 
 
 def _write_samples(out: Path, prompts: list[str], originals: dict, paraphrases: dict, quality: dict) -> None:

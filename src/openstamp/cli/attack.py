@@ -77,6 +77,10 @@ def paraphrase(
     max_new_tokens: int | None = typer.Option(None, help="tokens per paraphrase (default 1.5 x the original + 16)"),
     batch_size: int = typer.Option(8, help="paraphrases per generate call"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = typer.Option(
+        None,
+        help="attack each method at the strength whose own PPL change is nearest this (0.3: +30%), e.g. of a sweep",
+    ),
     dtype: str = typer.Option("float32", help="paraphraser dtype"),
     device: str = typer.Option("cpu", help="paraphraser device"),
     quiet: bool = QuietOption,
