@@ -232,6 +232,25 @@ paraphrase_timed() {
   done
 }
 
+paraphrase_cost() {
+  # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's
+  # seed-0 eval (run `sweep` first; 64 new tokens, 4 strengths per method), each method at the strength whose own
+  # perplexity change is nearest PARA_COST (default 0.3: +30%), the first 64 completions paraphrased with each prompt
+  # of PARA_COST_PROMPTS (default: the paper's) and judged as in paraphrase_timed. About 5 min per generation set and
+  # prompt on 2 cores (64-token texts)
+  local S=runs/sweep-s0 K=benchmarks/results/paraphrase64/cost cost=${PARA_COST:-0.3}
+  [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
+  bash scripts/install_assets.sh qwen05
+  mkdir -p $K
+  for prompt in ${PARA_COST_PROMPTS:-paper}; do
+    local name=para64-cost$cost-$prompt
+    $OPENSTAMP attack paraphrase --eval $S --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
+      --at-cost $cost --out runs/$name
+    cp runs/$name/results.json $K/$name.json
+    cp $S/attacks/$name* $K/
+  done
+}
+
 projection() {
   # the projection's effect under paraphrase, at equal cost: OpenStamp and the no-projection ablation, both with
   # selector shrinkage 4 at delta 0.5, the point where their costs meet in the shrinkage stage (+24.9% and +22.4% own
@@ -320,8 +339,8 @@ keep() {
 main() {
   local stages=("$@")
   [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit
-    quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64 projection
-    projection_keys)
+    quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
+    paraphrase_timed paraphrase_cost projection projection_keys)
   for stage in "${stages[@]}"; do
     local fn=$stage
     [ "$stage" = eval ] && fn=eval_run

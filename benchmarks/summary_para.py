@@ -42,6 +42,15 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
         out += paraphrase_detail(timed, f"{shown}/timed", lead, _costs(own)) + [""]
+    if (cost := _load(folder / "cost")) and (own := folder.parent / "sweep" / "seeds" / "s0" / "results.json").exists():
+        cfg = json.loads(own.read_text())["config"]
+        at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
+        lead = (
+            "At equal cost to the model (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`; the sweep's "
+            f"seed-0 eval, {cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each "
+            f"method at the strength of its grid whose own perplexity change is nearest {at}; `{shown}/cost/`)"
+        )
+        out += paraphrase_detail(cost, f"{shown}/cost", lead, _costs(own)) + [""]
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -182,13 +191,18 @@ def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, fl
             extra = _cut_cells(real) if cut else ""
             cost = "" if costs is None else " | " + ("-" if run["run"] not in costs else f"{costs[run['run']]:+.1%}")
             rows.append(
-                f"| {prompt} | {run['method']}{cost} | {q['n']} | {q['near_copy_fraction']:.0%} "
+                f"| {prompt} | {_name(a, run)}{cost} | {q['n']} | {q['near_copy_fraction']:.0%} "
                 f"| {q['cosine_mean']:.2f} | {q['length_ratio_mean']:.2f} "
                 f"| {after} | {kept} | {real['n']} | {scores}{extra} |"
             )
     plots = [f"![{name} similarity]({figures}/{name}_paraphrase_similarity.png)" for name in runs]
     strength = "Paraphrase strength (MiniLM cosine of each paraphrase with its original): " + " ".join(plots)
     return rows + _projection(runs) + ["", strength]
+
+
+def _name(attack: dict, run: dict) -> str:
+    """A run as the paraphrase tables name it: its method, with its strength where the attack chose it by cost."""
+    return run["method"] if attack["settings"].get("at_cost") is None else run["run"].rsplit("/", 1)[0]
 
 
 def _cut_cells(real: dict) -> str:
@@ -216,8 +230,9 @@ def _projection(runs: dict) -> list[str]:
     """OpenStamp against no projection, then against each baseline, near-copies excluded, per prompt: the
     difference with Newcombe's 95% interval, resolved where the interval leaves out 0; by the full-length threshold,
     and also at the paraphrases' lengths and at p <= 0.01 where both runs recorded them."""
-    projection, baselines = [], []
+    projection, baselines, by_cost = [], [], False
     for a in runs.values():
+        by_cost = by_cost or a["settings"].get("at_cost") is not None
         real = {r["method"]: _measures(r["real"]) for r in a["runs"] if r["real"]["n"]}
         if "openstamp" not in real:
             continue
@@ -244,10 +259,14 @@ def _projection(runs: dict) -> list[str]:
         )
         lines += ["", lead + "; ".join(projection) + "."]
     if baselines:
+        strength = (
+            "each at the strength nearest the cost (own PPL column above)"
+            if by_cost
+            else "each at its default strength (their costs differ: the own PPL column above, and the sweep)"
+        )
         lead = (
-            "OpenStamp minus each baseline, near-copies excluded, each at its default strength (their costs "
-            "differ: the own PPL column above, and the sweep), with Newcombe's 95% interval; '(resolved)' where it "
-            "leaves out 0. "
+            f"OpenStamp minus each baseline, near-copies excluded, {strength}, with Newcombe's 95% interval; "
+            "'(resolved)' where it leaves out 0. "
         )
         lines += ["", lead + " ".join(baselines)]
     return lines
