@@ -236,7 +236,9 @@ def _projection(runs: dict) -> list[str]:
         real = {r["method"]: _measures(r["real"]) for r in a["runs"] if r["real"]["n"]}
         if "openstamp" not in real:
             continue
-        prompt = a["settings"].get("prompt", "paper")
+        label = f"{a['settings'].get('prompt', 'paper')} prompt"
+        if a["settings"].get("at_cost") is not None:  # one comparison per cost
+            label += f" at {a['settings']['at_cost']:+.0%} own PPL"
         gaps = {
             m: {k: _difference(real["openstamp"][k], v) for k, v in r.items() if k in real["openstamp"]}
             for m, r in real.items()
@@ -244,13 +246,13 @@ def _projection(runs: dict) -> list[str]:
         }
         if "openstamp-nosem" in gaps:
             said = [f"{k} {_said(*gap)}".strip() for k, gap in gaps.pop("openstamp-nosem").items()]
-            projection.append(f"{prompt} prompt: " + ", ".join(said))
+            projection.append(f"{label}: " + ", ".join(said))
         if gaps:
             cells = [
                 f"{m} " + ", ".join(f"{k} {_said(*gap, plain=True)}".strip() for k, gap in by.items())
                 for m, by in gaps.items()
             ]
-            baselines.append(f"With the {prompt} prompt: " + "; ".join(cells) + ".")
+            baselines.append(f"With the {label}: " + "; ".join(cells) + ".")
     lines = []
     if projection:
         lead = (
