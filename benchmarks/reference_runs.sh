@@ -233,17 +233,19 @@ paraphrase_timed() {
 }
 
 paraphrase_cost() {
-  # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's
-  # seed-0 eval (run `sweep` first; 64 new tokens, 4 strengths per method), each method at the strength whose own
-  # perplexity change is nearest PARA_COST (default 0.3: +30%), the first 64 completions paraphrased with each prompt
-  # of PARA_COST_PROMPTS (default: the paper's) and judged as in paraphrase_timed. About 5 min per generation set and
-  # prompt on 2 cores (64-token texts)
-  local S=runs/sweep-s0 K=benchmarks/results/paraphrase64/cost cost=${PARA_COST:-0.3}
+  # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's eval
+  # of seed PARA_COST_SEED (default 0; run `sweep` first; 64 new tokens, 4 strengths per method), each method at the
+  # strength whose own perplexity change is nearest PARA_COST (default 0.3: +30%), the first 64 completions
+  # paraphrased with each prompt of PARA_COST_PROMPTS (default: the paper's) and judged as in paraphrase_timed. About
+  # 5 min per generation set and prompt on 2 cores (64-token texts)
+  local seed=${PARA_COST_SEED:-0} K=benchmarks/results/paraphrase64/cost cost=${PARA_COST:-0.3}
+  local S=runs/sweep-s$seed
   [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
   bash scripts/install_assets.sh qwen05
   mkdir -p $K
   for prompt in ${PARA_COST_PROMPTS:-paper}; do
     local name=para64-cost$cost-$prompt
+    [ $seed = 0 ] || name=$name-s$seed  # seed 0 keeps the name its first results have
     $OPENSTAMP attack paraphrase --eval $S --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
       --at-cost $cost --out runs/$name
     cp runs/$name/results.json $K/$name.json

@@ -42,15 +42,20 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
         out += paraphrase_detail(timed, f"{shown}/timed", lead, _costs(own)) + [""]
-    if (cost := _load(folder / "cost")) and (own := folder.parent / "sweep" / "seeds" / "s0" / "results.json").exists():
-        cfg = json.loads(own.read_text())["config"]
+    if (cost := _load(folder / "cost")) and (
+        seeds := sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
+    ):
+        cfg = json.loads(seeds[0].read_text())["config"]
         at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
+        evals = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
         lead = (
-            "At equal cost to the model (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`; the sweep's "
-            f"seed-0 eval, {cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each "
-            f"method at the strength of its grid whose own perplexity change is nearest {at}; `{shown}/cost/`)"
+            "At equal cost to the model (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, with "
+            f"`PARA_COST_SEED` for another key; the sweep's evals {evals}, {cfg['n']} prompts of "
+            f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at the strength of its grid "
+            f"whose own perplexity change is nearest {at}; `{shown}/cost/`)"
         )
-        out += paraphrase_detail(cost, f"{shown}/cost", lead, _costs(own)) + [""]
+        costs = {run: c for path in seeds for run, c in _costs(path).items()}
+        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""]
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -201,8 +206,9 @@ def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, fl
 
 
 def _name(attack: dict, run: dict) -> str:
-    """A run as the paraphrase tables name it: its method, with its strength where the attack chose it by cost."""
-    return run["method"] if attack["settings"].get("at_cost") is None else run["run"].rsplit("/", 1)[0]
+    """A run as the paraphrase tables name it: its method, or its run (strength and seed) where the attack chose the
+    strength by cost."""
+    return run["method"] if attack["settings"].get("at_cost") is None else run["run"]
 
 
 def _cut_cells(real: dict) -> str:
@@ -237,8 +243,9 @@ def _projection(runs: dict) -> list[str]:
         if "openstamp" not in real:
             continue
         label = f"{a['settings'].get('prompt', 'paper')} prompt"
-        if a["settings"].get("at_cost") is not None:  # one comparison per cost
-            label += f" at {a['settings']['at_cost']:+.0%} own PPL"
+        if a["settings"].get("at_cost") is not None:  # one comparison per cost and key
+            seeds = "/".join(f"s{seed}" for seed in sorted({r["seed"] for r in a["runs"]}))
+            label += f" at {a['settings']['at_cost']:+.0%} own PPL, {seeds}"
         gaps = {
             m: {k: _difference(real["openstamp"][k], v) for k, v in r.items() if k in real["openstamp"]}
             for m, r in real.items()
