@@ -24,7 +24,8 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
     out = []
     own, attack = folder / "results.json", _load(folder / "attacks")
     if own.exists() and attack:
-        cfg = json.loads(own.read_text())["config"]
+        results = json.loads(own.read_text())
+        cfg = results["config"]
         lead = (
             "Paraphrase at larger n (`bash benchmarks/reference_runs.sh paraphrase64`), on its own eval "
             f"({cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at "
@@ -32,20 +33,22 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             "distillation's bfloat16 autocast, though its recorded settings say bfloat16: the eval took a field "
             "added since at its new default, which it now refuses)"
         )
-        out += paraphrase_detail(attack, f"{shown}/attacks", lead, _costs(own)) + [""]
+        out += paraphrase_detail(attack, f"{shown}/attacks", lead, _costs(results)) + [""]
         out += _threshold_note(folder.parent / "threshold_lengths.json", attack)
     if (timed := _load(folder / "timed")) and (own := folder.parent / "eval_timed" / "results.json").exists():
-        cfg = json.loads(own.read_text())["config"]
+        results = json.loads(own.read_text())
+        cfg = results["config"]
         lead = (
             "The same on the timed default comparison's eval (`bash benchmarks/reference_runs.sh timed "
             f"paraphrase_timed`; {cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, "
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
-        out += paraphrase_detail(timed, f"{shown}/timed", lead, _costs(own)) + [""]
+        out += paraphrase_detail(timed, f"{shown}/timed", lead, _costs(results)) + [""]
     if (cost := _load(folder / "cost")) and (
         seeds := sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
     ):
-        cfg = json.loads(seeds[0].read_text())["config"]
+        sweep = [json.loads(path.read_text()) for path in seeds]
+        cfg = sweep[0]["config"]
         at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
         evals = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
         lead = (
@@ -54,7 +57,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at the strength of its grid "
             f"whose own perplexity change is nearest {at}; `{shown}/cost/`)"
         )
-        costs = {run: c for path in seeds for run, c in _costs(path).items()}
+        costs = {run: c for results in sweep for run, c in _costs(results).items()}
         out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""]
     if earlier := _load(folder / "main-eval"):
         lead = (
@@ -129,10 +132,15 @@ def _load(folder: Path) -> dict:
     return {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
 
 
-def _costs(results: Path) -> dict[str, float]:
-    """Each run of an eval's ``results.json``: its own perplexity change, what its strength costs the model."""
-    runs = json.loads(results.read_text())["runs"]
+def _costs(results: dict) -> dict[str, float]:
+    """Each run of an eval's results: its own perplexity change, what its strength costs the model."""
+    runs = results["runs"]
     return {r["run"]: r["metrics"]["own_ppl_change"] for r in runs if r["metrics"].get("own_ppl_change") is not None}
+
+
+def _by_cost(attack: dict) -> bool:
+    """Whether a paraphrase run chose each method's strength by its cost (``--at-cost``), not its default."""
+    return attack["settings"].get("at_cost") is not None
 
 
 def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, float] | None = None) -> list[str]:
@@ -208,7 +216,7 @@ def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, fl
 def _name(attack: dict, run: dict) -> str:
     """A run as the paraphrase tables name it: its method, or its run (strength and seed) where the attack chose the
     strength by cost."""
-    return run["method"] if attack["settings"].get("at_cost") is None else run["run"]
+    return run["run"] if _by_cost(attack) else run["method"]
 
 
 def _cut_cells(real: dict) -> str:
@@ -236,14 +244,13 @@ def _projection(runs: dict) -> list[str]:
     """OpenStamp against no projection, then against each baseline, near-copies excluded, per prompt: the
     difference with Newcombe's 95% interval, resolved where the interval leaves out 0; by the full-length threshold,
     and also at the paraphrases' lengths and at p <= 0.01 where both runs recorded them."""
-    projection, baselines, by_cost = [], [], False
+    projection, baselines = [], []
     for a in runs.values():
-        by_cost = by_cost or a["settings"].get("at_cost") is not None
         real = {r["method"]: _measures(r["real"]) for r in a["runs"] if r["real"]["n"]}
         if "openstamp" not in real:
             continue
         label = f"{a['settings'].get('prompt', 'paper')} prompt"
-        if a["settings"].get("at_cost") is not None:  # one comparison per cost and key
+        if _by_cost(a):  # one comparison per cost and key
             seeds = "/".join(f"s{seed}" for seed in sorted({r["seed"] for r in a["runs"]}))
             label += f" at {a['settings']['at_cost']:+.0%} own PPL, {seeds}"
         gaps = {
@@ -270,7 +277,7 @@ def _projection(runs: dict) -> list[str]:
     if baselines:
         strength = (
             "each at the strength nearest the cost (own PPL column above)"
-            if by_cost
+            if any(_by_cost(a) for a in runs.values())
             else "each at its default strength (their costs differ: the own PPL column above, and the sweep)"
         )
         lead = (
