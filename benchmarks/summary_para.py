@@ -144,7 +144,8 @@ def _loose_note(runs: list[dict]) -> str:
 
 
 def _load(folder: Path) -> dict:
-    return {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
+    # by name without the suffix: "x.json" sorts after "x-s1.json", and a seed-0 run should lead its other seeds
+    return {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"), key=lambda f: f.stem)}
 
 
 def _costs(results: dict) -> dict[str, float]:
