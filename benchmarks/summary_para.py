@@ -58,7 +58,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"whose own perplexity change is nearest {at}; `{shown}/cost/`)"
         )
         costs = {run: c for results in sweep for run, c in _costs(results).items()}
-        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""]
+        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""] + _pooled_keys(cost)
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -301,6 +301,47 @@ def _projection(runs: dict) -> list[str]:
             "'(resolved)' where it leaves out 0. "
         )
         lines += ["", lead + " ".join(baselines)]
+    return lines
+
+
+def _pooled_keys(attacks: dict) -> list[str]:
+    """OpenStamp minus each baseline at equal cost with every key's kept paraphrases counted together, per prompt
+    and cost that ran on two keys or more: the rates of the single keys above are of 23-41 texts each."""
+    groups: dict[tuple, list[dict]] = {}
+    for a in attacks.values():
+        if a.get("attack") == "paraphrase" and _has_real(a) and _by_cost(a):
+            groups.setdefault((a["settings"].get("prompt", "paper"), a["settings"]["at_cost"]), []).append(a)
+    lines = []
+    for (prompt, cost), group in sorted(groups.items()):
+        seeds = sorted({r["seed"] for a in group for r in a["runs"]})
+        pooled: dict[str, dict[str, list[int]]] = {}  # method -> decision -> [flagged, kept]
+        for run in (r for a in group for r in a["runs"] if r["real"]["n"]):
+            for decision, (hits, n) in _measures(run["real"]).items():
+                cell = pooled.setdefault(run["method"], {}).setdefault(decision, [0, 0])
+                cell[0] += hits
+                cell[1] += n
+        if len(seeds) < 2 or "openstamp" not in pooled:
+            continue
+        rates = ", ".join(
+            f"{m} {by['at p <= 0.01'][0] / by['at p <= 0.01'][1]:.3f} of {by['at p <= 0.01'][1]}"
+            for m, by in pooled.items()
+            if "at p <= 0.01" in by
+        )
+        ours = pooled.pop("openstamp")
+        cells = [
+            f"{m} "
+            + ", ".join(
+                f"{k} {_said(*_difference(ours[k], v), plain=True)}".strip() for k, v in by.items() if k in ours
+            )
+            for m, by in pooled.items()
+        ]
+        lines += [
+            f"Pooled over the keys {'/'.join(f's{s}' for s in seeds)} ({prompt} prompt at {cost:+.0%} own PPL): each "
+            "method's kept paraphrases of every key counted together, so the interval is over texts and leaves out "
+            f"how much a rate moves with the key (compare the keys above). Flagged at p <= 0.01: {rates}. OpenStamp "
+            "minus each, by the full-length threshold, at their lengths and at p <= 0.01: " + "; ".join(cells) + ".",
+            "",
+        ]
     return lines
 
 
