@@ -14,7 +14,7 @@ from pathlib import Path
 
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
-from summary_para import paraphrase64, projection_keys, projection_test
+from summary_para import paraphrase64, paraphrase_baselines, projection_keys, projection_test
 from summary_robust import RETIED_FROM, durability, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
@@ -770,10 +770,12 @@ def projection() -> list[str]:
 
 
 def headline() -> str:
-    """What the README shows: the Pareto sweep with its plots, the projection under paraphrase at equal cost, the
+    """What the README shows: the Pareto sweep with its plots, every method and then the projection under paraphrase
+    at equal cost, the
     strength `tune` chooses and what it costs, and the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
     out += pareto_sweep(whole=False)
+    out += paraphrase_baselines(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     out += projection()
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)

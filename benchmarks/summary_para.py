@@ -58,7 +58,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"whose own perplexity change is nearest {at}; `{shown}/cost/`)"
         )
         costs = {run: c for results in sweep for run, c in _costs(results).items()}
-        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""] + _pooled_keys(cost)
+        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""] + paraphrase_baselines(folder, shown)
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -304,42 +304,79 @@ def _projection(runs: dict) -> list[str]:
     return lines
 
 
-def _pooled_keys(attacks: dict) -> list[str]:
-    """OpenStamp minus each baseline at equal cost with every key's kept paraphrases counted together, per prompt
-    and cost that ran on two keys or more: the rates of the single keys above are of 23-41 texts each."""
+def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
+    """Every method after paraphrase at equal cost, each key's kept paraphrases counted together (the cost stage,
+    ``folder/cost``, on the sweep's seeds): one table per prompt and cost run on two keys or more."""
+    cost = _load(folder / "cost")
+    seeds = sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
+    if not cost or not seeds:
+        return []
+    costs = {run: c for path in seeds for run, c in _costs(json.loads(path.read_text())).items()}
+    return _pooled_keys(cost, costs, f"{shown}/cost")
+
+
+def _pooled_keys(attacks: dict, costs: dict[str, float], shown: str) -> list[str]:
+    """The table of :func:`paraphrase_baselines`: per method, its runs' mean own PPL change, the paraphrases and the
+    kept ones, the kept flagged by each decision with an exact interval, and OpenStamp minus it (Newcombe)."""
     groups: dict[tuple, list[dict]] = {}
     for a in attacks.values():
         if a.get("attack") == "paraphrase" and _has_real(a) and _by_cost(a):
             groups.setdefault((a["settings"].get("prompt", "paper"), a["settings"]["at_cost"]), []).append(a)
     lines = []
-    for (prompt, cost), group in sorted(groups.items()):
+    for (prompt, at), group in sorted(groups.items()):
         seeds = sorted({r["seed"] for a in group for r in a["runs"]})
-        pooled: dict[str, dict[str, list[int]]] = {}  # method -> decision -> [flagged, kept]
-        for run in (r for a in group for r in a["runs"] if r["real"]["n"]):
-            for decision, (hits, n) in _measures(run["real"]).items():
-                cell = pooled.setdefault(run["method"], {}).setdefault(decision, [0, 0])
-                cell[0] += hits
-                cell[1] += n
+        pooled: dict[str, dict] = {}  # method -> paraphrased, costs, and per decision [flagged, kept]
+        for a in group:
+            for run in a["runs"]:
+                entry = pooled.setdefault(run["method"], {"n": 0, "costs": [], "by": {}})
+                entry["n"] += a["quality"][run["generations"]]["n"]
+                entry["costs"] += [costs[run["run"]]] if run["run"] in costs else []
+                for decision, (hits, n) in _measures(run["real"]).items() if run["real"]["n"] else ():
+                    cell = entry["by"].setdefault(decision, [0, 0])
+                    cell[0] += hits
+                    cell[1] += n
         if len(seeds) < 2 or "openstamp" not in pooled:
             continue
-        rates = ", ".join(
-            f"{m} {by['at p <= 0.01'][0] / by['at p <= 0.01'][1]:.3f} of {by['at p <= 0.01'][1]}"
-            for m, by in pooled.items()
-            if "at p <= 0.01" in by
-        )
-        ours = pooled.pop("openstamp")
-        cells = [
-            f"{m} "
-            + ", ".join(
-                f"{k} {_said(*_difference(ours[k], v), plain=True)}".strip() for k, v in by.items() if k in ours
-            )
-            for m, by in pooled.items()
+        ours = pooled["openstamp"]["by"]
+        rows, verdicts = [], {}  # above/below -> method -> the decisions that resolve it
+        for m, entry in pooled.items():
+            by = entry["by"]
+            kept = by[""][1] if "" in by else 0
+            cells = [_rate(*by[k]) if k in by else "-" for k in ("at p <= 0.01", "at their lengths", "")]
+            gaps = []
+            for k in ("at p <= 0.01", "at their lengths"):
+                if m == "openstamp" or k not in by or k not in ours:
+                    gaps.append("-")
+                    continue
+                gap = _difference(ours[k], by[k])
+                gaps.append(_said(*gap, plain=True))
+                if gap[1] > 0 or gap[2] < 0:
+                    verdicts.setdefault("above" if gap[1] > 0 else "below", {}).setdefault(m, []).append(k)
+            ppl = f"{np.mean(entry['costs']):+.1%}" if entry["costs"] else "-"
+            rows.append(f"| {m} | {ppl} | {kept} of {entry['n']} | " + " | ".join(cells + gaps) + " |")
+        said = [
+            f"{where}: " + ", ".join(f"{m} ({' and '.join(ks)})" for m, ks in by.items())
+            for where, by in sorted(verdicts.items())
         ]
         lines += [
-            f"Pooled over the keys {'/'.join(f's{s}' for s in seeds)} ({prompt} prompt at {cost:+.0%} own PPL): each "
-            "method's kept paraphrases of every key counted together, so the interval is over texts and leaves out "
-            f"how much a rate moves with the key (compare the keys above). Flagged at p <= 0.01: {rates}. OpenStamp "
-            "minus each, by the full-length threshold, at their lengths and at p <= 0.01: " + "; ".join(cells) + ".",
+            f"Every method after paraphrase at equal cost (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, "
+            f"with `PARA_COST_SEED` for each further key; `{shown}/`): each method at the strength of the sweep's "
+            f"grid whose own PPL change is nearest {at:+.0%}, on keys {'/'.join(f's{s}' for s in seeds)}; the first "
+            f"64 completions per key (64 new tokens) paraphrased by `{group[0]['settings']['paraphraser']}` with "
+            f"{PROMPTS[prompt]}; near-copies left out, and every key's kept paraphrases counted together, so each "
+            "interval is over texts and leaves out how much a rate moves with the key (RESULTS.md has each key). At "
+            "p <= 0.01 holds at any length; at their lengths takes the threshold at 1% FPR of human text cut to each "
+            "paraphrase's length; the full-length threshold flatters methods that score a per-token mean, "
+            "OpenStamp among them, on text as short as a paraphrase (RESULTS.md):",
+            "",
+            "| method | own PPL change | kept of paraphrased | at p <= 0.01 [95% CI] | at their lengths [95% CI] "
+            "| at the full-length threshold | OpenStamp minus it, at p <= 0.01 | at their lengths |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "Where OpenStamp is resolved above or below a baseline (the interval leaves out 0): "
+            + ("; ".join(said) if said else "nowhere")
+            + ".",
             "",
         ]
     return lines
