@@ -18,7 +18,14 @@ from openstamp.attacks.common import open_eval, select_runs
 from openstamp.attacks.edits import EditConfig, edit_tokens, run_edit
 from openstamp.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
 from openstamp.attacks.inversion import InversionConfig, run_inversion
-from openstamp.attacks.paraphrase import ParaphraseConfig, cut_to, real_paraphrases, request_ids, run_paraphrase
+from openstamp.attacks.paraphrase import (
+    ParaphraseConfig,
+    _real_table,
+    cut_to,
+    real_paraphrases,
+    request_ids,
+    run_paraphrase,
+)
 from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
 from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit, train_head
 from openstamp.attacks.similarity import measure_quality, ngram_survival
@@ -351,6 +358,25 @@ def test_human_text_cut_to_the_paraphrases_lengths_splits_the_threshold_from_the
     assert "human_cut" not in real_paraphrases(before, after, eval_scores, [0.1] * 4, 0.8)
     too_short = [{"score": None, "p_value": None}] * 3  # no cut text scored: nothing to compare with
     assert "human_cut" not in real_paraphrases(before, after, eval_scores, [0.1] * 4, 0.8, too_short)
+
+
+def test_the_paraphrase_table_leads_with_the_tpr_at_the_paraphrases_lengths():
+    """Where human text was cut to the paraphrases' lengths, the bold TPR is the one at those lengths: the full-length
+    threshold's TPR (the bold one before) flatters a per-token-mean score on shorter text."""
+    human = [{"score": s, "p_value": 0.5} for s in np.linspace(-1, 0, 100)]
+    eval_scores = {"human": human, "unwatermarked": human}
+    before = [{"score": 1.0, "p_value": 1e-6}] * 4
+    after = [{"score": s, "p_value": 0.5} for s in (0.5, 0.4, -0.5, 0.9)]
+    cut = [{"score": 0.45, "p_value": 0.5}] * 30 + [{"score": -0.5, "p_value": 0.5}] * 70
+    row = {"run": "m@1/s0", "real": real_paraphrases(before, after, eval_scores, [0.1] * 3 + [0.95], 0.8, cut)}
+    table = _real_table([row], 0.8)
+    header, body = table[2], table[4]
+    cells = [c.strip() for c in body.strip("|").split("|")]
+    assert "**" in cells[header.strip("|").split("|").index(" TPR@1%FPR at their lengths [95% CI] ")]
+    assert cells[3].startswith("**0.333") and cells[5].startswith("0.667")  # 1/3 at their lengths, 2/3 at full
+    row["real"].pop("human_cut")  # no cut text (an older run): the full-length TPR is the one in bold
+    cells = [c.strip() for c in _real_table([row], 0.8)[4].strip("|").split("|")]
+    assert cells[5].startswith("**0.667") and "**" not in cells[3]
 
 
 def test_cut_to_gives_each_human_text_a_paraphrase_length_in_turn():

@@ -357,24 +357,27 @@ def _at_their_lengths(now: list[dict], human_cut: list[dict], eval_scores: dict)
 
 
 def _real_table(rows: list[dict], near_copy: float) -> list[str]:
-    """Per run: detection on the paraphrases that are not near-copies."""
+    """Per run: detection on the paraphrases that are not near-copies; the figures that hold at the paraphrases'
+    lengths lead (in bold the TPR at their lengths, where it was measured), the full-length threshold's after."""
     cells = []
     for row in rows:
         r = row["real"]
         if not r["n"]:
             cells.append([row["run"], "0", *["-"] * 8])
             continue
-        low, high = r["tpr_at_1pct_fpr_after_ci"]
         cut = r.get("human_cut") or {}
+        matched = _with_ci(cut.get("tpr_at_1pct_fpr"), cut.get("tpr_at_1pct_fpr_ci"))
+        full = _with_ci(r["tpr_at_1pct_fpr_after"], r["tpr_at_1pct_fpr_after_ci"])
+        matched, full = (f"**{matched}**", full) if cut else (matched, f"**{full}**")
         cells.append(
             [
                 row["run"],
                 str(r["n"]),
                 fmt(r["tpr_at_1pct_fpr_before"]),
-                f"**{fmt(r['tpr_at_1pct_fpr_after'])}** [{low:.2f}, {high:.2f}]",
+                matched,
                 fmt(r["flagged_at_p_0.01"]),
+                full,
                 f"{fmt(cut.get('over_threshold'))} / {fmt(cut.get('flagged_at_p_0.01'))}",
-                _with_ci(cut.get("tpr_at_1pct_fpr"), cut.get("tpr_at_1pct_fpr_ci")),
                 fmt(r["auroc_after"]),
                 fmt(r["mean_score_before"]),
                 fmt(r["mean_score_after"]),
@@ -384,20 +387,22 @@ def _real_table(rows: list[dict], near_copy: float) -> list[str]:
         "run",
         "kept",
         "TPR@1%FPR original",
-        "TPR@1%FPR paraphrased [95% CI]",
-        "paraphrased at p <= 0.01",
-        "human at their lengths: over the threshold / at p <= 0.01",
         "TPR@1%FPR at their lengths [95% CI]",
+        "paraphrased at p <= 0.01",
+        "TPR@1%FPR at the full-length threshold [95% CI]",
+        "human at their lengths: over the full-length threshold / at p <= 0.01",
         "AUROC paraphrased",
     ]
     return [
         f"Near-copies excluded: only the paraphrases keeping less than {near_copy:g} of their original's token "
         "3-grams, so a method is not credited for text the paraphraser left alone (the same completions before "
-        "paraphrasing in 'original'; mean detector score before and after). The TPR's threshold comes from human "
-        "texts as long as the completions, and paraphrases run shorter; the fraction at p <= 0.01 needs no "
-        "threshold and holds at every length. 'Human at their lengths': the eval's human continuations cut to the "
-        "kept paraphrases' lengths, flagged by that threshold (1% if length did not matter) and at p <= 0.01; the "
-        "TPR beside it has its threshold at 1% FPR of those cut texts.",
+        "paraphrasing in 'original'; mean detector score before and after). Paraphrases run shorter than the "
+        "completions, so the figures that hold at their lengths come first: the TPR with its threshold at 1% FPR of "
+        "the eval's human continuations cut to the kept paraphrases' lengths, and the fraction at p <= 0.01, which "
+        "needs no threshold. The TPR at the threshold of human texts as long as the completions follows; it is not "
+        "a rate at 1% FPR on shorter text, and it flatters a detector whose score is a per-token mean (an LLR), "
+        "whose spread on human text widens as text gets shorter: 'human at their lengths' says how much of the cut "
+        "human text that threshold (1% if length did not matter) and the p-value flag.",
         "",
         *md_table([*header, "mean score original", "mean score paraphrased"], cells),
     ]
@@ -428,8 +433,9 @@ def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: di
         f"`{cfg.paraphraser}` rewrote the first {n} watermarked completions of each generation set of `{ev.path}` "
         f"with the paper's request template ({cfg.prompt} instruction) through its chat template ({decoding}{beams}). "
         "Each method's unchanged detector scores the paraphrase with the original model; 'original' is the same "
-        f"detector on the same completions before paraphrasing. {negatives_note(ev)} Cells: mean ± sd over seeds."
-        + _cost_note(ev, cfg, runs),
+        f"detector on the same completions before paraphrasing. {negatives_note(ev)} Cells: mean ± sd over seeds. "
+        "This first table counts every paraphrase, near-copies included, at the threshold of full-length human text; "
+        "compare methods by the second." + _cost_note(ev, cfg, runs),
         "",
         *compare_table(summary, "paraphrased"),
         "",
