@@ -84,6 +84,20 @@ def test_edit_attack_end_to_end(eval_dir, tmp_path):
         run_edit(eval_dir, out, EditConfig(delete=0.2), progress=False)
 
 
+def test_edit_and_quantize_attack_at_equal_cost(eval_dir, tmp_path):
+    """--at-cost reaches the attacks that re-score or re-generate, not only paraphrase: the strength is chosen by
+    its own perplexity change (one per method here), and the section names each run with its cost."""
+    ev = open_eval(eval_dir)
+    cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in ev.runs}
+    results = run_edit(eval_dir, tmp_path / "edit", EditConfig(delete=0.3, methods=("kgw",), at_cost=0.3), False)
+    run = results["runs"][0]["run"]
+    assert results["settings"]["at_cost"] == 0.3 and [r["run"] for r in results["runs"]] == [run]
+    assert f"nearest +30% ({run} {cost[run]:+.1%})" in _section_in_report(eval_dir, tmp_path / "edit")
+    for cfg in (EditConfig, QuantizeConfig):
+        with pytest.raises(ValueError, match="at_cost"):
+            cfg(at_cost=-1.0)
+
+
 def test_an_attack_folder_grows_by_methods_but_does_not_shrink(eval_dir, tmp_path):
     out, cfg = tmp_path / "edit", EditConfig(delete=0.3, methods=("kgw",))
     first = run_edit(eval_dir, out, cfg, progress=False)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from openstamp.config import EvalConfig
+from openstamp.config import EvalConfig, check
 from openstamp.evaluation.pipeline import configured, key_directory
 from openstamp.evaluation.results import detection_metrics, load_generations
 from openstamp.hidden import autocast_decoder
@@ -101,6 +101,30 @@ def select_runs(ev: EvalRun, methods: Sequence[str] | None = None, at_cost: floa
             exact = [r for r in group if np.isclose(r["strength"], wanted)]
             chosen.append(exact[0] if exact else sorted(group, key=lambda r: r["strength"])[len(group) // 2])
     return chosen
+
+
+AT_COST_HELP = (
+    "attack each method at the strength whose own perplexity change is nearest this (0.3: +30%; an eval with "
+    "several strengths, a sweep), not at its default: the methods compared at equal cost"
+)
+
+
+def check_at_cost(at_cost: float | None) -> None:
+    """An attack's ``at_cost`` setting (see :func:`select_runs`) is a perplexity change: None or above -1."""
+    check(at_cost is None or at_cost > -1, "at_cost is a perplexity change: more than -1 (-100%)")
+
+
+def cost_note(ev: EvalRun, at_cost: float | None, runs: list[dict]) -> str:
+    """The sentence of an attack's section that says, where the methods were chosen at equal cost (``at_cost``),
+    each attacked run's own perplexity change; "" otherwise."""
+    if at_cost is None:
+        return ""
+    cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in ev.runs}
+    chosen = ", ".join(f"{run} {cost[run]:+.1%}" for run in dict.fromkeys(r["run"] for r in runs))
+    return (
+        f" At equal cost: each method at the strength of the eval whose own perplexity change is nearest "
+        f"{at_cost:+.0%} ({chosen})."
+    )
 
 
 def _nearest_cost(ev: EvalRun, group: list[dict], cost: float) -> dict:

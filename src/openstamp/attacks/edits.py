@@ -16,9 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.attacks.common import (
+    AT_COST_HELP,
     attacked_metrics,
     cached_json,
+    check_at_cost,
     config_dict,
+    cost_note,
     file_name,
     load_method,
     open_eval,
@@ -42,11 +45,13 @@ class EditConfig:
     insert: float = option(0.0, "probability that a random token is inserted at each token's position")
     seed: int = option(0, "seed of the edit pattern")
     methods: tuple[str, ...] | None = option(None, "methods to attack (default: every method of the eval run)")
+    at_cost: float | None = option(None, AT_COST_HELP)
 
     def __post_init__(self) -> None:
         rates = (self.delete, self.substitute, self.insert)
         check(all(0.0 <= r <= 1.0 for r in rates), "edit rates must be in [0, 1]")
         check(self.delete + self.substitute <= 1.0, "delete + substitute must be at most 1")
+        check_at_cost(self.at_cost)
 
 
 def edit_tokens(
@@ -97,7 +102,7 @@ def run_edit(eval_dir: Path, out: Path, cfg: EditConfig, progress: bool = True) 
     excluded = set(never_green_ids(tokenizer, vocab))
     candidates = np.array([i for i in range(min(len(tokenizer), vocab)) if i not in excluded])
     rows, rates = [], {}
-    for run in select_runs(ev, cfg.methods):
+    for run in select_runs(ev, cfg.methods, cfg.at_cost):
         gen = run["generations"]
         edited = cached_json(out / "edited" / f"{file_name(gen)}.json", edit_set, ev.generations(run), cfg, candidates)
         counts = edited["counts"]
@@ -120,7 +125,8 @@ def run_edit(eval_dir: Path, out: Path, cfg: EditConfig, progress: bool = True) 
         "watermarked model's own tokens; substitutions and insertions draw uniformly from its ordinary tokens. "
         f"Realised fractions of the original tokens: deleted {mean_rates['deleted']:.3f}, substituted "
         f"{mean_rates['substituted']:.3f}, inserted {mean_rates['inserted']:.3f}. Each method's unchanged detector "
-        f"scores the edited text with the original model. {negatives_note(ev)} Cells: mean ± sd over seeds.",
+        f"scores the edited text with the original model. {negatives_note(ev)} Cells: mean ± sd over seeds."
+        + cost_note(ev, cfg.at_cost, rows),
         "",
         *compare_table(summary, "edited"),
     ]

@@ -25,9 +25,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.attacks.common import (
+    AT_COST_HELP,
     attacked_metrics,
     cached_json,
+    check_at_cost,
     config_dict,
+    cost_note,
     file_name,
     load_method,
     mean_score,
@@ -89,11 +92,7 @@ class ParaphraseConfig:
     )
     seed: int = option(0, "sampling seed (batch b uses seed * 100003 + b)")
     methods: tuple[str, ...] | None = option(None, "methods to attack (default: every method of the eval run)")
-    at_cost: float | None = option(
-        None,
-        "attack each method at the strength whose own perplexity change is nearest this (0.3: +30%; an eval with "
-        "several strengths, a sweep), not at its default: the methods compared at equal cost",
-    )
+    at_cost: float | None = option(None, AT_COST_HELP)
     dtype: str = option("float32", "paraphraser dtype")
     device: str = option("cpu", "paraphraser device")
 
@@ -104,7 +103,7 @@ class ParaphraseConfig:
         check(self.beams >= 1 and self.batch_size >= 1, "beams and batch_size must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens must be >= 1")
         check(0 < self.near_copy <= 1, "near_copy must be in (0, 1]")
-        check(self.at_cost is None or self.at_cost > -1, "at_cost is a perplexity change: more than -1 (-100%)")
+        check_at_cost(self.at_cost)
 
 
 def request_text(prompt: str, completion: str, style: str = "paper") -> str:
@@ -435,7 +434,7 @@ def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: di
         "Each method's unchanged detector scores the paraphrase with the original model; 'original' is the same "
         f"detector on the same completions before paraphrasing. {negatives_note(ev)} Cells: mean ± sd over seeds. "
         "This first table counts every paraphrase, near-copies included, at the threshold of full-length human text; "
-        "compare methods by the second." + _cost_note(ev, cfg, runs),
+        "compare methods by the second." + cost_note(ev, cfg.at_cost, runs),
         "",
         *compare_table(summary, "paraphrased"),
         "",
@@ -468,18 +467,6 @@ def _section(ev, cfg: ParaphraseConfig, n: int, summary: list[dict], quality: di
             f"understates what paraphrasing does; try {hint}.",
         ]
     return lines
-
-
-def _cost_note(ev, cfg: ParaphraseConfig, runs: list[dict]) -> str:
-    """Where the methods were chosen at equal cost (``at_cost``): each run's own perplexity change."""
-    if cfg.at_cost is None:
-        return ""
-    cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in ev.runs}
-    chosen = ", ".join(f"{row['run']} {cost[row['run']]:+.1%}" for row in runs)
-    return (
-        f" At equal cost: each method at the strength of the eval whose own perplexity change is nearest "
-        f"{cfg.at_cost:+.0%} ({chosen})."
-    )
 
 
 def _write_samples(out: Path, prompts: list[str], originals: dict, paraphrases: dict, quality: dict) -> None:

@@ -21,10 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.attacks.common import (
+    AT_COST_HELP,
     attacked_metrics,
     by_method,
     cached_json,
+    check_at_cost,
     config_dict,
+    cost_note,
     file_name,
     load_method,
     mean_score,
@@ -69,8 +72,10 @@ class QuantizeConfig:
     block_size: int = option(64, "NF4 block size (bitsandbytes' default)")
     n: int | None = option(None, "eval prompts completed per method and scheme (default: all)")
     methods: tuple[str, ...] | None = option(None, "methods to attack (default: every method of the eval run)")
+    at_cost: float | None = option(None, AT_COST_HELP)
 
     def __post_init__(self) -> None:
+        check_at_cost(self.at_cost)
         check(len(self.schemes) >= 1 and set(self.schemes) <= set(SCHEMES), f"schemes must be among {tuple(SCHEMES)}")
         check(self.head in HEAD_MODES, f"head must be one of {HEAD_MODES}")
         check(self.backend in ("auto", "bitsandbytes", "simulated"), "backend must be auto, bitsandbytes or simulated")
@@ -99,7 +104,7 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
     """Quantize each run's watermarked model, generate from it, and detect with the unquantized key."""
     ev = open_eval(eval_dir)
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
-    runs = select_runs(ev, cfg.methods)
+    runs = select_runs(ev, cfg.methods, cfg.at_cost)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     n = min(cfg.n or len(ev.windows), len(ev.windows))
     rows, how = [], {}
@@ -130,7 +135,7 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
     summary = by_method(rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score"), extra=("scheme",))
     columns = ["unquantized", *(v[0] for v in variants)]
     plot = _plot(summary, columns, out / "quantize_tpr.png")
-    body = _section(ev, cfg, n, summary, columns, how, {r["method"]: r["decode_time"] for r in rows})
+    body = _section(ev, cfg, n, summary, columns, how, {r["method"]: r["decode_time"] for r in rows}, runs)
     results = {
         "settings": config_dict(cfg),
         "eval": str(ev.path),
@@ -169,7 +174,7 @@ def _header(label: str, how: dict) -> str:
 
 
 def _section(
-    ev, cfg: QuantizeConfig, n: int, summary: list[dict], columns: list[str], how: dict, decode: dict
+    ev, cfg: QuantizeConfig, n: int, summary: list[dict], columns: list[str], how: dict, decode: dict, runs: list[dict]
 ) -> list[str]:
     def table(key: str) -> list[str]:
         rows = []
@@ -196,7 +201,8 @@ def _section(
         "[backend]; a simulated backend is plain torch with the same codebook, the reason is given below). "
         f"Each completed the first {n} eval prompts (the eval's sampling seeds); each method's unchanged detector "
         f"scored them with the original, unquantized model. {negatives_note(ev)} Decode-time methods run their "
-        "logits processor on the quantized unwatermarked model. Cells: mean ± sd over seeds.",
+        "logits processor on the quantized unwatermarked model. Cells: mean ± sd over seeds."
+        + cost_note(ev, cfg.at_cost, runs),
         "",
         *[f"- {p}" for p in paths],
         "",

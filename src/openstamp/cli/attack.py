@@ -28,6 +28,9 @@ attack_app = typer.Typer(
 EvalOption = typer.Option(..., "--eval", help="a run directory written by `openstamp eval`")
 MethodsOption = typer.Option(None, help="comma-separated methods to attack (default: all in the eval run)")
 QuietOption = typer.Option(False, help="less output")
+AtCostOption = typer.Option(
+    None, help="attack each method at the strength whose own PPL change is nearest this (0.3: +30%), e.g. of a sweep"
+)
 # the training attacks' shared settings (openstamp.training.TrainConfig): finetune and instruct
 TrainStepsOption = typer.Option(300, help="optimizer steps")
 TrainEveryOption = typer.Option(50, help="generate and detect every this many steps")
@@ -77,10 +80,7 @@ def paraphrase(
     max_new_tokens: int | None = typer.Option(None, help="tokens per paraphrase (default 1.5 x the original + 16)"),
     batch_size: int = typer.Option(8, help="paraphrases per generate call"),
     methods: str | None = MethodsOption,
-    at_cost: float | None = typer.Option(
-        None,
-        help="attack each method at the strength whose own PPL change is nearest this (0.3: +30%), e.g. of a sweep",
-    ),
+    at_cost: float | None = AtCostOption,
     dtype: str = typer.Option("float32", help="paraphraser dtype"),
     device: str = typer.Option("cpu", help="paraphraser device"),
     quiet: bool = QuietOption,
@@ -138,6 +138,7 @@ def quantize(
     backend: str = typer.Option("auto", help="int8/nf4: auto, bitsandbytes (CPU or CUDA) or simulated"),
     n: int | None = typer.Option(None, help="eval prompts completed per method and scheme (default: all)"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = AtCostOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Quantize each watermarked model (bitsandbytes, GGUF, HQQ, quanto); generate; detect with the unquantized key."""
@@ -193,6 +194,7 @@ def edit(
     insert: float = typer.Option(0.0, help="probability that a random token is inserted after a token"),
     seed: int = typer.Option(0, help="seed of the edit pattern"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = AtCostOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Randomly delete, substitute and insert tokens of the watermarked completions; re-score them."""
