@@ -253,6 +253,29 @@ paraphrase_cost() {
   done
 }
 
+robust_cost() {
+  # token edits and quantization at equal cost to the model, where the default comparison's robustness table is
+  # saturated: on the sweep's eval of seed ROBUST_COST_SEED (default 0; run `sweep` first; 200 prompts, 64 new
+  # tokens), each method at the strength whose own perplexity change is nearest ROBUST_COST (default 0.3: +30%).
+  # Every completion edited (10% and then 25% of the tokens deleted, and as many substituted), and the first 64 prompts
+  # completed by each weight-level release quantized to NF4 and GGUF-Q4_K_M (lm_head as each recipe does), each
+  # scored by the method's unchanged detector. About 25 min on 2 cores
+  local seed=${ROBUST_COST_SEED:-0} cost=${ROBUST_COST:-0.3} K=benchmarks/results/robust_cost
+  local S=runs/sweep-s$seed suffix=""
+  [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
+  [ $seed = 0 ] || suffix=-s$seed
+  mkdir -p $K
+  for rate in 0.1 0.25; do
+    local name=edit$rate-cost$cost$suffix
+    $OPENSTAMP attack edit --eval $S --delete $rate --substitute $rate --at-cost $cost --out runs/$name
+    cp runs/$name/results.json $K/$name.json
+  done
+  local name=quant-cost$cost$suffix
+  $OPENSTAMP attack quantize --eval $S --scheme nf4,gguf-q4_k_m --head recipe --n 64 --at-cost $cost \
+    --methods openstamp,openstamp-nosem,unremovable,gaussmark --out runs/$name
+  cp runs/$name/results.json $K/$name.json
+}
+
 projection() {
   # the projection's effect under paraphrase, at equal cost: OpenStamp and the no-projection ablation, both with
   # selector shrinkage 4 at delta 0.5, the point where their costs meet in the shrinkage stage (+24.9% and +22.4% own
@@ -342,7 +365,7 @@ main() {
   local stages=("$@")
   [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit
     quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
-    paraphrase_timed paraphrase_cost projection projection_keys)
+    paraphrase_timed paraphrase_cost robust_cost projection projection_keys)
   for stage in "${stages[@]}"; do
     local fn=$stage
     [ "$stage" = eval ] && fn=eval_run
