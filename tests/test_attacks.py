@@ -194,6 +194,8 @@ def test_quantize_attack_end_to_end(eval_dir, tmp_path):
     for row in results["runs"]:  # every attacked row says which backend made it, and why when simulated
         assert row["scheme"] == "unquantized" or row["backend"] in ("bitsandbytes", "simulated", "gguf")
         assert (row["backend"] == "simulated") == bool(row["why_simulated"])
+        low, high = row["tpr_at_1pct_fpr_ci"]  # with the rate at p <= 0.01, which holds without a threshold
+        assert low <= row["tpr_at_1pct_fpr"] <= high and 0 <= row["flagged_at_p_0.01"] <= 1
     assert len(json.loads((out / "scores" / "int8" / "unremovable@2_s0.json").read_text())) == 4
     section = _section_in_report(eval_dir, out)
     header = " | ".join(f"{s.upper()} [{how[s]['backend']}]" for s in labels[1:])

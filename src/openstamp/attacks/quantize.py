@@ -164,6 +164,8 @@ def _row(run: dict, label: str, metrics: dict, how: dict | None) -> dict:
         "head_quantized": how["head_quantized"] if how else None,
         "decode_time": REGISTRY[run["method"]].carrier is Carrier.DECODER,
         **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score")},
+        "tpr_at_1pct_fpr_ci": metrics["tpr_at_1pct_fpr_ci"],
+        "flagged_at_p_0.01": metrics.get("flagged_at_p_0.01"),  # None: a detector without p-values
     }
 
 
