@@ -15,7 +15,7 @@ from pathlib import Path
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
 from summary_para import paraphrase64, paraphrase_baselines, projection_keys, projection_test
-from summary_robust import RETIED_FROM, durability, robustness
+from summary_robust import RETIED_FROM, durability, robust_at_cost, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
@@ -720,6 +720,7 @@ def render() -> str:
     if (memo := load("sweep_memo")) is not None:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
+    out += robust_at_cost(RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost")
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
         cfg = json.loads(durable.read_text())["config"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from openstamp.evaluation.metrics import rate_difference_ci
+
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
 # created before it measured untied OpenStamp releases.
 RETIED_FROM = "2026-11-24T05:13:56+00:00"
@@ -307,3 +309,81 @@ def durability(folder: Path, source: str) -> list[str]:
     if "reinit" in attack:
         out += reinit_line(attack["reinit"])
     return out
+
+
+def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
+    """Token edits and quantization at equal cost (the robust_cost stage, ``folder``; the sweep's seeds under
+    ``sweep`` give each run's own perplexity change and its clean detection): per method, its TPR@1%FPR [95% CI] and
+    the rate at p <= 0.01 before and after each attack, then where OpenStamp is resolved above or below a baseline."""
+    results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
+    evals = {
+        r["run"]: (r, json.loads(path.read_text())["config"]["n"])
+        for path in sorted(sweep.glob("s*/results.json"))
+        for r in json.loads(path.read_text())["runs"]
+    }
+    if not results or not evals:
+        return []
+    columns: list[tuple[str, int, dict]] = []  # (label, n, {run: metrics})
+    for res in results.values():
+        if res["attack"] == "edit":
+            e = res["settings"]
+            label = f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted"
+            n = evals[res["runs"][0]["run"]][1]
+            columns.append((label, n, {row["run"]: row["after"] for row in res["runs"]}))
+        elif res["attack"] == "quantize":
+            for scheme in dict.fromkeys(r["scheme"] for r in res["runs"] if r["scheme"] != "unquantized"):
+                rows = {r["run"]: r for r in res["runs"] if r["scheme"] == scheme}
+                columns.append((f"{scheme.upper()} ({res['quantization'][scheme]['backend']})", res["n"], rows))
+    runs = list(dict.fromkeys(run for _, _, by in columns for run in by))
+    clean = {run: evals[run][0]["metrics"] for run in runs}
+    columns.insert(0, ("none", evals[runs[0]][1], clean))
+
+    def cell(m: dict | None) -> str:
+        if m is None:
+            return "-"
+        low, high = m["tpr_at_1pct_fpr_ci"]
+        p = m.get("flagged_at_p_0.01")
+        return f"{m['tpr_at_1pct_fpr']:.3f} [{low:.2f}, {high:.2f}]" + ("" if p is None else f" ({p:.3f})")
+
+    rows = [
+        f"| {run} | {clean[run]['own_ppl_change']:+.1%} | "
+        + " | ".join(cell(by.get(run)) for _, _, by in columns)
+        + " |"
+        for run in runs
+    ]
+    verdicts = []
+    ours = [run for run in runs if run.startswith("openstamp@")]
+    for label, n, by in columns:
+        if not ours or by.get(ours[0], {}).get("flagged_at_p_0.01") is None:
+            continue
+        hits = round(by[ours[0]]["flagged_at_p_0.01"] * n)
+        said = []
+        for run in runs:
+            p = by.get(run, {}).get("flagged_at_p_0.01")
+            if run == ours[0] or p is None:
+                continue
+            low, high = rate_difference_ci(hits, n, round(p * n), n)
+            if low > 0 or high < 0:
+                where = "above" if low > 0 else "below"
+                said.append(f"{where} {run.split('@')[0]} ({hits / n - p:+.3f} [{low:+.3f}, {high:+.3f}])")
+        verdicts.append(f"{label}: {', '.join(said) if said else 'resolved against none'}")
+    at = sorted({r["settings"]["at_cost"] for r in results.values()})
+    return [
+        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep robust_cost`; `{shown}/`): the sweep's "
+        f"eval{'s' if len({run.split('/')[-1] for run in runs}) > 1 else ''} "
+        f"({', '.join(sorted({run.split('/')[-1] for run in runs}))}; 64 new tokens), each method at the strength of "
+        f"its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the default "
+        "comparison's robustness table is saturated. Token edits re-score every completion; a quantized release "
+        "completes the first prompts anew (decode-time methods are left out: quantizing the model leaves their "
+        "processor alone). Each cell: TPR@1%FPR against the eval's human continuations [95% bootstrap interval], and "
+        "in parentheses the rate at p <= 0.01, which holds at any length (deletions shorten the text, and the "
+        "full-length threshold flatters a per-token-mean score on shorter text):",
+        "",
+        "| run | own PPL change | " + " | ".join(f"{label} (n {n})" for label, n, _ in columns) + " |",
+        "|---|" + "---:|" * (1 + len(columns)),
+        *rows,
+        "",
+        "OpenStamp against each baseline at p <= 0.01 (Newcombe's 95% interval for a difference of two rates; only the "
+        "resolved ones are named): " + "; ".join(verdicts) + ".",
+        "",
+    ]
