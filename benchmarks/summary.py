@@ -771,12 +771,13 @@ def projection() -> list[str]:
 
 
 def headline() -> str:
-    """What the README shows: the Pareto sweep with its plots, every method and then the projection under paraphrase
-    at equal cost, the
+    """What the README shows: the Pareto sweep with its plots, every method under paraphrase, token edits and
+    quantization at equal cost, the projection under paraphrase at equal cost, the
     strength `tune` chooses and what it costs, and the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
     out += pareto_sweep(whole=False)
     out += paraphrase_baselines(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
+    out += robust_at_cost(RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost")
     out += projection()
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)

@@ -368,10 +368,11 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
                 said.append(f"{where} {run.split('@')[0]} ({hits / n - p:+.3f} [{low:+.3f}, {high:+.3f}])")
         verdicts.append(f"{label}: {', '.join(said) if said else 'resolved against none'}")
     at = sorted({r["settings"]["at_cost"] for r in results.values()})
+    seeds = sorted({run.split("/")[-1] for run in runs})
     return [
         f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep robust_cost`; `{shown}/`): the sweep's "
-        f"eval{'s' if len({run.split('/')[-1] for run in runs}) > 1 else ''} "
-        f"({', '.join(sorted({run.split('/')[-1] for run in runs}))}; 64 new tokens), each method at the strength of "
+        f"eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; {columns[0][1]} prompts, 64 new tokens), each "
+        "method at the strength of "
         f"its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the default "
         "comparison's robustness table is saturated. Token edits re-score every completion; a quantized release "
         "completes the first prompts anew (decode-time methods are left out: quantizing the model leaves their "
