@@ -312,9 +312,10 @@ def durability(folder: Path, source: str) -> list[str]:
 
 
 def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
-    """Token edits and quantization at equal cost (the robust_cost stage, ``folder``; the sweep's seeds under
-    ``sweep`` give each run's own perplexity change and its clean detection): per method, its TPR@1%FPR [95% CI] and
-    the rate at p <= 0.01 before and after each attack, then where OpenStamp is resolved above or below a baseline."""
+    """Token edits and quantization at equal cost (the robust_cost stage, ``folder``, one file per attack and key;
+    the sweep's seeds under ``sweep`` give each run's own perplexity change and its clean detection): per run, its
+    TPR@1%FPR [95% CI] and the rate at p <= 0.01 before and after each attack, then where OpenStamp is resolved
+    above or below a baseline at p <= 0.01, each method's keys pooled."""
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     evals = {
         r["run"]: (r, json.loads(path.read_text())["config"]["n"])
@@ -323,68 +324,79 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
     }
     if not results or not evals:
         return []
-    columns: list[tuple[str, int, dict]] = []  # (label, n, {run: metrics})
+    columns: dict[str, dict] = {}  # label -> {run: (metrics, n)}, each key's attack adding its runs
     for res in results.values():
         if res["attack"] == "edit":
             e = res["settings"]
-            label = f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted"
-            n = evals[res["runs"][0]["run"]][1]
-            columns.append((label, n, {row["run"]: row["after"] for row in res["runs"]}))
+            by = columns.setdefault(f"{e['delete']:.0%} deleted, {e['substitute']:.0%} substituted", {})
+            by.update({row["run"]: (row["after"], evals[row["run"]][1]) for row in res["runs"]})
         elif res["attack"] == "quantize":
-            for scheme in dict.fromkeys(r["scheme"] for r in res["runs"] if r["scheme"] != "unquantized"):
-                rows = {r["run"]: r for r in res["runs"] if r["scheme"] == scheme}
-                columns.append((f"{scheme.upper()} ({res['quantization'][scheme]['backend']})", res["n"], rows))
-    runs = list(dict.fromkeys(run for _, _, by in columns for run in by))
-    clean = {run: evals[run][0]["metrics"] for run in runs}
-    columns.insert(0, ("none", evals[runs[0]][1], clean))
+            for row in (r for r in res["runs"] if r["scheme"] != "unquantized"):
+                label = f"{row['scheme'].upper()} ({res['quantization'][row['scheme']]['backend']})"
+                columns.setdefault(label, {})[row["run"]] = row, res["n"]
+    runs = sorted(
+        dict.fromkeys(run for by in columns.values() for run in by), key=lambda r: (r.split("/")[-1], _order(evals, r))
+    )
+    columns = {"none": {run: (evals[run][0]["metrics"], evals[run][1]) for run in runs}, **columns}
 
-    def cell(m: dict | None) -> str:
-        if m is None:
+    def cell(entry: tuple | None) -> str:
+        if entry is None:
             return "-"
+        m = entry[0]
         low, high = m["tpr_at_1pct_fpr_ci"]
         p = m.get("flagged_at_p_0.01")
         return f"{m['tpr_at_1pct_fpr']:.3f} [{low:.2f}, {high:.2f}]" + ("" if p is None else f" ({p:.3f})")
 
     rows = [
-        f"| {run} | {clean[run]['own_ppl_change']:+.1%} | "
-        + " | ".join(cell(by.get(run)) for _, _, by in columns)
+        f"| {run} | {evals[run][0]['metrics']['own_ppl_change']:+.1%} | "
+        + " | ".join(cell(by.get(run)) for by in columns.values())
         + " |"
         for run in runs
     ]
     verdicts = []
-    ours = [run for run in runs if run.startswith("openstamp@")]
-    for label, n, by in columns:
-        if not ours or by.get(ours[0], {}).get("flagged_at_p_0.01") is None:
+    for label, by in columns.items():
+        pooled: dict[str, list[int]] = {}  # method -> [flagged at p <= 0.01, texts] over its keys
+        for run, (m, n) in by.items():
+            if m.get("flagged_at_p_0.01") is not None:
+                cell_ = pooled.setdefault(run.split("@")[0], [0, 0])
+                cell_[0] += round(m["flagged_at_p_0.01"] * n)
+                cell_[1] += n
+        if "openstamp" not in pooled:
             continue
-        hits = round(by[ours[0]]["flagged_at_p_0.01"] * n)
+        ours = pooled.pop("openstamp")
         said = []
-        for run in runs:
-            p = by.get(run, {}).get("flagged_at_p_0.01")
-            if run == ours[0] or p is None:
-                continue
-            low, high = rate_difference_ci(hits, n, round(p * n), n)
+        for method, other in pooled.items():
+            low, high = rate_difference_ci(*ours, *other)
             if low > 0 or high < 0:
-                where = "above" if low > 0 else "below"
-                said.append(f"{where} {run.split('@')[0]} ({hits / n - p:+.3f} [{low:+.3f}, {high:+.3f}])")
+                gap = ours[0] / ours[1] - other[0] / other[1]
+                said.append(f"{'above' if low > 0 else 'below'} {method} ({gap:+.3f} [{low:+.3f}, {high:+.3f}])")
         verdicts.append(f"{label}: {', '.join(said) if said else 'resolved against none'}")
     at = sorted({r["settings"]["at_cost"] for r in results.values()})
     seeds = sorted({run.split("/")[-1] for run in runs})
+    sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
     return [
-        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep robust_cost`; `{shown}/`): the sweep's "
-        f"eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; {columns[0][1]} prompts, 64 new tokens), each "
-        "method at the strength of "
-        f"its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the default "
-        "comparison's robustness table is saturated. Token edits re-score every completion; a quantized release "
-        "completes the first prompts anew (decode-time methods are left out: quantizing the model leaves their "
-        "processor alone). Each cell: TPR@1%FPR against the eval's human continuations [95% bootstrap interval], and "
-        "in parentheses the rate at p <= 0.01, which holds at any length (deletions shorten the text, and the "
-        "full-length threshold flatters a per-token-mean score on shorter text):",
+        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep robust_cost`, with `ROBUST_COST_SEED` for "
+        f"each further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
+        f"{sizes['none'][0]} prompts, 64 new tokens), each method at the strength of its grid whose own perplexity "
+        f"change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the default comparison's robustness table "
+        "is saturated. Token edits re-score every completion; a quantized release completes the first prompts anew "
+        "(decode-time methods are left out: quantizing the model leaves their processor alone). Each cell: "
+        "TPR@1%FPR against the eval's human continuations [95% bootstrap interval], and in parentheses the rate at "
+        "p <= 0.01, which holds at any length (deletions shorten the text, and the full-length threshold flatters a "
+        "per-token-mean score on shorter text):",
         "",
-        "| run | own PPL change | " + " | ".join(f"{label} (n {n})" for label, n, _ in columns) + " |",
+        "| run | own PPL change | "
+        + " | ".join(f"{label} (n {'/'.join(map(str, sizes[label]))})" for label in columns)
+        + " |",
         "|---|" + "---:|" * (1 + len(columns)),
         *rows,
         "",
-        "OpenStamp against each baseline at p <= 0.01 (Newcombe's 95% interval for a difference of two rates; only the "
-        "resolved ones are named): " + "; ".join(verdicts) + ".",
+        "OpenStamp against each baseline at p <= 0.01, each method's texts over its keys counted together (Newcombe's "
+        "95% interval for a difference of two rates; only the resolved ones are named): " + "; ".join(verdicts) + ".",
         "",
     ]
+
+
+def _order(evals: dict, run: str) -> int:
+    """A run's place in its sweep eval (the methods in the eval's order)."""
+    return list(evals).index(run)
