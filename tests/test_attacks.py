@@ -79,7 +79,11 @@ def test_edit_attack_end_to_end(eval_dir, tmp_path):
     mean_after = np.mean([r["auroc_after"] for r in results["runs"]])
     assert mean_after < mean_before  # replacing 60% of the tokens weakens the evidence
     assert (out / "results.json").exists() and (out / "edit_tpr.png").exists()
-    assert "## Attack: token edits" in _section_in_report(eval_dir, out)
+    section = _section_in_report(eval_dir, out)
+    assert "## Attack: token edits" in section
+    # beside TPR, the rate at p <= 0.01, which needs no threshold: deletions shorten the text
+    assert "at p<=0.01 original" in section and "at p<=0.01 edited" in section
+    assert all(0 <= r["flagged_at_p_0.01_after"] <= 1 for r in results["runs"])  # each method here gives p-values
     with pytest.raises(ValueError, match="different settings"):
         run_edit(eval_dir, out, EditConfig(delete=0.2), progress=False)
 

@@ -102,7 +102,7 @@ def compare_row(run: dict, before: dict, after: dict) -> dict:
     """One run's detection before and after an attack (keys ``<metric>_before`` / ``_after``)."""
     row = {k: run[k] for k in ("run", "method", "strength", "seed")}
     for _, key in COMPARED:
-        row[f"{key}_before"], row[f"{key}_after"] = before[key], after[key]
+        row[f"{key}_before"], row[f"{key}_after"] = before.get(key), after.get(key)  # None: no p-values
     row["after"] = after
     return row
 

@@ -45,6 +45,8 @@ METRICS = _registry(
     Metric("auroc", "AUROC", "auroc(watermarked, human)", True, attack=True),
     Metric("tpr_at_1pct_fpr", "TPR@1%FPR", "tpr_at_fpr(watermarked, human, 0.01)", True, attack=True),
     Metric("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "tpr_at_fpr(watermarked, human, 0.001)", True),
+    # needs no threshold, so it holds on text an attack shortened; None for a detector without p-values
+    Metric("flagged_at_p_0.01", "at p<=0.01", "mean(p_value(watermarked) <= 0.01)", True, summary=False, attack=True),
     Metric("auroc_vs_unwatermarked", "AUROC vs unwm.", "auroc(watermarked, unwatermarked)", True),
     Metric("own_ppl", "own PPL", "own_perplexity(model, human continuations)", False, 1),
     Metric("own_ppl_change", "own PPL change", "own_ppl / original's - 1", False, 1, cost_axis=True, percent=True),
