@@ -777,7 +777,8 @@ def headline() -> str:
     out: list[str] = []
     out += pareto_sweep(whole=False)
     out += paraphrase_baselines(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
-    out += robust_at_cost(RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost")
+    robust = RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost"
+    out += robust_at_cost(*robust, per_key=False)
     out += projection()
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)

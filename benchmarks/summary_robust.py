@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from openstamp.evaluation.metrics import rate_difference_ci
 
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
@@ -311,11 +313,12 @@ def durability(folder: Path, source: str) -> list[str]:
     return out
 
 
-def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
+def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) -> list[str]:
     """Token edits and quantization at equal cost (the robust_cost stage, ``folder``, one file per attack and key;
     the sweep's seeds under ``sweep`` give each run's own perplexity change and its clean detection): per run, its
     TPR@1%FPR [95% CI] and the rate at p <= 0.01 before and after each attack, then where OpenStamp is resolved
-    above or below a baseline at p <= 0.01, each method's keys pooled."""
+    above or below a baseline at p <= 0.01, each method's keys pooled. Without ``per_key`` (the README), one row per
+    method: its mean own PPL change and mean TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     evals = {
         r["run"]: (r, json.loads(path.read_text())["config"]["n"])
@@ -353,6 +356,8 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
         + " |"
         for run in runs
     ]
+    if not per_key:
+        rows = _pooled_rows(runs, evals, columns)
     verdicts = []
     for label, by in columns.items():
         pooled: dict[str, list[int]] = {}  # method -> [flagged at p <= 0.01, texts] over its keys
@@ -381,12 +386,20 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
         f"change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the default comparison's robustness table "
         "is saturated. Token edits re-score every completion; a quantized release completes the first prompts anew "
         "(decode-time methods are left out: quantizing the model leaves their processor alone). Each cell: "
-        "TPR@1%FPR against the eval's human continuations [95% bootstrap interval], and in parentheses the rate at "
-        "p <= 0.01, which holds at any length (deletions shorten the text, and the full-length threshold flatters a "
+        + (
+            "TPR@1%FPR against the eval's human continuations [95% bootstrap interval]"
+            if per_key
+            else "the mean over the keys of TPR@1%FPR against the eval's human continuations (per key in RESULTS.md)"
+        )
+        + ", and in parentheses the rate at p <= 0.01"
+        + ("" if per_key else " over the keys' texts")
+        + ", which holds at any length (deletions shorten the text, and the full-length threshold flatters a "
         "per-token-mean score on shorter text):",
         "",
-        "| run | own PPL change | "
-        + " | ".join(f"{label} (n {'/'.join(map(str, sizes[label]))})" for label in columns)
+        f"| {'run' if per_key else 'method'} | own PPL change | "
+        + " | ".join(
+            f"{label} (n {'/'.join(map(str, sizes[label]))}{'' if per_key else ' a key'})" for label in columns
+        )
         + " |",
         "|---|" + "---:|" * (1 + len(columns)),
         *rows,
@@ -400,3 +413,24 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str) -> list[str]:
 def _order(evals: dict, run: str) -> int:
     """A run's place in its sweep eval (the methods in the eval's order)."""
     return list(evals).index(run)
+
+
+def _pooled_rows(runs: list[str], evals: dict, columns: dict[str, dict]) -> list[str]:
+    """One table row per method of ``runs``: its mean own PPL change over its keys, then per column its mean
+    TPR@1%FPR over the keys and, in parentheses, its rate at p <= 0.01 over the keys' texts."""
+    rows = []
+    for method in dict.fromkeys(run.split("@")[0] for run in runs):
+        mine = [run for run in runs if run.split("@")[0] == method]
+        cost = np.mean([evals[run][0]["metrics"]["own_ppl_change"] for run in mine])
+        cells = []
+        for by in columns.values():
+            entries = [by[run] for run in mine if run in by]
+            if not entries:
+                cells.append("-")
+                continue
+            tpr = np.mean([m["tpr_at_1pct_fpr"] for m, _ in entries])
+            with_p = [(m["flagged_at_p_0.01"], n) for m, n in entries if m.get("flagged_at_p_0.01") is not None]
+            rate = sum(round(p * n) for p, n in with_p) / sum(n for _, n in with_p) if with_p else None
+            cells.append(f"{tpr:.3f}" + ("" if rate is None else f" ({rate:.3f})"))
+        rows.append(f"| {method} ({len(mine)} keys) | {cost:+.1%} | " + " | ".join(cells) + " |")
+    return rows
