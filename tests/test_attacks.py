@@ -204,6 +204,7 @@ def test_quantize_attack_end_to_end(eval_dir, tmp_path):
     section = _section_in_report(eval_dir, out)
     header = " | ".join(f"{s.upper()} [{how[s]['backend']}]" for s in labels[1:])
     assert f"| method | Unquantized | {header} |" in section and "kgw (decode-time)" in section
+    assert "TPR@1%FPR:" in section and "at p<=0.01:" in section  # a table per attack metric of the registry
 
 
 # -- fine-tuning -------------------------------------------------------------------------------

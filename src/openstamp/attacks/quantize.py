@@ -46,7 +46,7 @@ from openstamp.attacks.quantizers import (
     quantize_nf4,
     recipe_quantizes_head,
 )
-from openstamp.attacks.report import fmt, md_table, negatives_note, new_figure, publish, save_figure
+from openstamp.attacks.report import COMPARED, fmt, md_table, negatives_note, new_figure, publish, save_figure
 from openstamp.config import check, option
 from openstamp.errors import MissingExtraError
 from openstamp.evaluation.pipeline import generate_set
@@ -132,7 +132,8 @@ def run_quantize(eval_dir: Path, out: Path, cfg: QuantizeConfig, progress: bool 
                 del model
             how[label] = read_json(record, "quantization record")
             rows.append(_row(run, label, _metrics(read_json(path, "scores"), eval_scores), how[label]))
-    summary = by_method(rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score"), extra=("scheme",))
+    kept = (*(key for _, key in COMPARED), "tpr_at_0.1pct_fpr", "mean_score")
+    summary = by_method(rows, kept, extra=("scheme",))
     columns = ["unquantized", *(v[0] for v in variants)]
     plot = _plot(summary, columns, out / "quantize_tpr.png")
     body = _section(ev, cfg, n, summary, columns, how, {r["method"]: r["decode_time"] for r in rows}, runs)
@@ -207,14 +208,7 @@ def _section(
         + cost_note(ev, cfg.at_cost, runs),
         "",
         *[f"- {p}" for p in paths],
-        "",
-        "TPR@1%FPR:",
-        "",
-        *table("tpr_at_1pct_fpr"),
-        "",
-        "AUROC:",
-        "",
-        *table("auroc"),
+        *[line for label, key in COMPARED for line in ("", f"{label}:", "", *table(key))],
     ]
 
 
