@@ -58,7 +58,8 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"whose own perplexity change is nearest {at}; `{shown}/cost/`)"
         )
         costs = {run: c for results in sweep for run, c in _costs(results).items()}
-        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""] + paraphrase_baselines(folder, shown)
+        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""]
+        out += _pooled_keys(cost, costs, cfg["new_tokens"], f"{shown}/cost")
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -308,14 +309,16 @@ def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     """Every method after paraphrase at equal cost, each key's kept paraphrases counted together (the cost stage,
     ``folder/cost``, on the sweep's seeds): one table per prompt and cost run on two keys or more."""
     cost = _load(folder / "cost")
-    seeds = sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
-    if not cost or not seeds:
+    sweep = [
+        json.loads(path.read_text()) for path in sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
+    ]
+    if not cost or not sweep:
         return []
-    costs = {run: c for path in seeds for run, c in _costs(json.loads(path.read_text())).items()}
-    return _pooled_keys(cost, costs, f"{shown}/cost")
+    costs = {run: c for results in sweep for run, c in _costs(results).items()}
+    return _pooled_keys(cost, costs, sweep[0]["config"]["new_tokens"], f"{shown}/cost")
 
 
-def _pooled_keys(attacks: dict, costs: dict[str, float], shown: str) -> list[str]:
+def _pooled_keys(attacks: dict, costs: dict[str, float], new_tokens: int, shown: str) -> list[str]:
     """The table of :func:`paraphrase_baselines`: per method, its runs' mean own PPL change, the paraphrases and the
     kept ones, the kept flagged by each decision with an exact interval, and OpenStamp minus it (Newcombe)."""
     groups: dict[tuple, list[dict]] = {}
@@ -362,7 +365,8 @@ def _pooled_keys(attacks: dict, costs: dict[str, float], shown: str) -> list[str
             f"Every method after paraphrase at equal cost (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, "
             f"with `PARA_COST_SEED` for each further key; `{shown}/`): each method at the strength of the sweep's "
             f"grid whose own PPL change is nearest {at:+.0%}, on keys {'/'.join(f's{s}' for s in seeds)}; the first "
-            f"64 completions per key (64 new tokens) paraphrased by `{group[0]['settings']['paraphraser']}` with "
+            f"{group[0]['settings']['n']} completions per key ({new_tokens} new tokens) paraphrased by "
+            f"`{group[0]['settings']['paraphraser']}` with "
             f"{PROMPTS[prompt]}; near-copies left out, and every key's kept paraphrases counted together, so each "
             "interval is over texts and leaves out how much a rate moves with the key (RESULTS.md has each key). At "
             "p <= 0.01 holds at any length; at their lengths takes the threshold at 1% FPR of human text cut to each "

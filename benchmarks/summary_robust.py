@@ -320,11 +320,8 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
     above or below a baseline at p <= 0.01, each method's keys pooled. Without ``per_key`` (the README), one row per
     method: its mean own PPL change and mean TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
-    evals = {
-        r["run"]: (r, json.loads(path.read_text())["config"]["n"])
-        for path in sorted(sweep.glob("s*/results.json"))
-        for r in json.loads(path.read_text())["runs"]
-    }
+    sweeps = [json.loads(path.read_text()) for path in sorted(sweep.glob("s*/results.json"))]
+    evals = {r["run"]: (r, ev["config"]["n"]) for ev in sweeps for r in ev["runs"]}  # run -> (its results, n)
     if not results or not evals:
         return []
     columns: dict[str, dict] = {}  # label -> {run: (metrics, n)}, each key's attack adding its runs
@@ -382,10 +379,11 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
     return [
         f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep robust_cost`, with `ROBUST_COST_SEED` for "
         f"each further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
-        f"{sizes['none'][0]} prompts, 64 new tokens), each method at the strength of its grid whose own perplexity "
-        f"change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the default comparison's robustness table "
-        "is saturated. Token edits re-score every completion; a quantized release completes the first prompts anew "
-        "(decode-time methods are left out: quantizing the model leaves their processor alone). Each cell: "
+        f"{sizes['none'][0]} prompts, {sweeps[0]['config']['new_tokens']} new tokens), each method at the strength "
+        f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
+        "default comparison's robustness table is saturated. Token edits re-score every completion; a quantized "
+        "release completes the first prompts anew (decode-time methods are left out: quantizing the model leaves "
+        "their processor alone). Each cell: "
         + (
             "TPR@1%FPR against the eval's human continuations [95% bootstrap interval]"
             if per_key
