@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from openstamp.evaluation.metrics import rate_difference_ci
+from summary_para import _difference
 
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
 # created before it measured untied OpenStamp releases.
@@ -334,8 +333,9 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
             for row in (r for r in res["runs"] if r["scheme"] != "unquantized"):
                 label = f"{row['scheme'].upper()} ({res['quantization'][row['scheme']]['backend']})"
                 columns.setdefault(label, {})[row["run"]] = row, res["n"]
+    order = {run: i for i, run in enumerate(evals)}  # the methods in each sweep eval's order
     runs = sorted(
-        dict.fromkeys(run for by in columns.values() for run in by), key=lambda r: (r.split("/")[-1], _order(evals, r))
+        dict.fromkeys(run for by in columns.values() for run in by), key=lambda r: (r.split("/")[-1], order[r])
     )
     columns = {"none": {run: (evals[run][0]["metrics"], evals[run][1]) for run in runs}, **columns}
 
@@ -368,9 +368,8 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
         ours = pooled.pop("openstamp")
         said = []
         for method, other in pooled.items():
-            low, high = rate_difference_ci(*ours, *other)
+            gap, low, high = _difference(tuple(ours), tuple(other))
             if low > 0 or high < 0:
-                gap = ours[0] / ours[1] - other[0] / other[1]
                 said.append(f"{'above' if low > 0 else 'below'} {method} ({gap:+.3f} [{low:+.3f}, {high:+.3f}])")
         verdicts.append(f"{label}: {', '.join(said) if said else 'resolved against none'}")
     at = sorted({r["settings"]["at_cost"] for r in results.values()})
@@ -406,11 +405,6 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
         "95% interval for a difference of two rates; only the resolved ones are named): " + "; ".join(verdicts) + ".",
         "",
     ]
-
-
-def _order(evals: dict, run: str) -> int:
-    """A run's place in its sweep eval (the methods in the eval's order)."""
-    return list(evals).index(run)
 
 
 def _pooled_rows(runs: list[str], evals: dict, columns: dict[str, dict]) -> list[str]:
