@@ -276,6 +276,26 @@ robust_cost() {
   cp runs/$name/results.json $K/$name.json
 }
 
+durability_cost() {
+  # merging and pruning at equal cost to the model, where the durability runs compare each method at its default
+  # strength (OpenStamp's default costs 2-5x the baselines'): on the sweep's eval of seed DURABILITY_COST_SEED (default
+  # 0; run `sweep` first), each weight-level method at the strength whose own perplexity change is nearest
+  # DURABILITY_COST (default 0.3: +30%), merged linearly with the base (t 0.3, 0.5, 0.7: the base's weight) and pruned
+  # with Wanda (30% and 50% of every linear layer of the blocks), the first 64 prompts completed anew by each. Results
+  # go beside robust_cost's, whose summary reads them. About 15 min on 2 cores
+  local seed=${DURABILITY_COST_SEED:-0} cost=${DURABILITY_COST:-0.3} K=benchmarks/results/robust_cost
+  local S=runs/sweep-s$seed suffix="" methods=openstamp,openstamp-nosem,unremovable,gaussmark
+  [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
+  [ $seed = 0 ] || suffix=-s$seed
+  mkdir -p $K
+  $OPENSTAMP attack merge --eval $S --method linear --t 0.3,0.5,0.7 --n 64 --at-cost $cost --methods $methods \
+    --out runs/merge-cost$cost$suffix
+  cp runs/merge-cost$cost$suffix/results.json $K/merge-cost$cost$suffix.json
+  $OPENSTAMP attack prune --eval $S --method wanda --sparsity 0.3,0.5 --n 64 --at-cost $cost --methods $methods \
+    --out runs/prune-cost$cost$suffix
+  cp runs/prune-cost$cost$suffix/results.json $K/prune-cost$cost$suffix.json
+}
+
 projection() {
   # the projection's effect under paraphrase, at equal cost: OpenStamp and the no-projection ablation, both with
   # selector shrinkage 4 at delta 0.5, the point where their costs meet in the shrinkage stage (+24.9% and +22.4% own
@@ -365,7 +385,7 @@ main() {
   local stages=("$@")
   [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit
     quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
-    paraphrase_timed paraphrase_cost robust_cost projection projection_keys)
+    paraphrase_timed paraphrase_cost robust_cost durability_cost projection projection_keys)
   for stage in "${stages[@]}"; do
     local fn=$stage
     [ "$stage" = eval ] && fn=eval_run

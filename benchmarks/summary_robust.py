@@ -333,6 +333,13 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
             for row in (r for r in res["runs"] if r["scheme"] != "unquantized"):
                 label = f"{row['scheme'].upper()} ({res['quantization'][row['scheme']]['backend']})"
                 columns.setdefault(label, {})[row["run"]] = row, res["n"]
+        elif res["attack"] in ("merge", "prune"):
+            for row in res["runs"]:
+                if res["attack"] == "merge" and row["t"] > 0:
+                    columns.setdefault(f"{row['merge']} merge, t {row['t']:g}", {})[row["run"]] = row, res["n"]
+                elif res["attack"] == "prune" and row["sparsity"] > 0:
+                    label = f"{res['settings']['pruner']} {row['sparsity']:.0%}"
+                    columns.setdefault(label, {})[row["run"]] = row, res["n"]
     order = {run: i for i, run in enumerate(evals)}  # the methods in each sweep eval's order
     runs = sorted(
         dict.fromkeys(run for by in columns.values() for run in by), key=lambda r: (r.split("/")[-1], order[r])
@@ -343,9 +350,9 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
         if entry is None:
             return "-"
         m = entry[0]
-        low, high = m["tpr_at_1pct_fpr_ci"]
+        ci = "" if m.get("tpr_at_1pct_fpr_ci") is None else " [{:.2f}, {:.2f}]".format(*m["tpr_at_1pct_fpr_ci"])
         p = m.get("flagged_at_p_0.01")
-        return f"{m['tpr_at_1pct_fpr']:.3f} [{low:.2f}, {high:.2f}]" + ("" if p is None else f" ({p:.3f})")
+        return f"{m['tpr_at_1pct_fpr']:.3f}{ci}" + ("" if p is None else f" ({p:.3f})")
 
     rows = [
         f"| {run} | {evals[run][0]['metrics']['own_ppl_change']:+.1%} | "
@@ -382,7 +389,15 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
         f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
         "default comparison's robustness table is saturated. Token edits re-score every completion; a quantized "
         "release completes the first prompts anew (decode-time methods are left out: quantizing the model leaves "
-        "their processor alone). Each cell: "
+        "their processor alone). "
+        + (
+            "So does a release merged linearly with the base (t is the base's weight) or pruned with Wanda in every "
+            "linear layer of its blocks (`bash benchmarks/reference_runs.sh durability_cost`, with "
+            "`DURABILITY_COST_SEED` for each further key; '-' where a key was not attacked). "
+            if {"merge", "prune"} & {r["attack"] for r in results.values()}
+            else ""
+        )
+        + "Each cell: "
         + (
             "TPR@1%FPR against the eval's human continuations [95% bootstrap interval]"
             if per_key

@@ -102,6 +102,31 @@ def test_edit_and_quantize_attack_at_equal_cost(eval_dir, tmp_path):
             cfg(at_cost=-1.0)
 
 
+def test_the_weight_attacks_take_at_cost_too(eval_dir, tmp_path):
+    """Fine-tuning, merging, pruning and instruction tuning choose their runs at equal cost as well: `attack merge
+    --at-cost` records the setting, leaves out the decode-time method, and its section names each run with its cost;
+    every such attack refuses a perplexity change of -100% or below."""
+    from openstamp.attacks.instruct import InstructConfig
+    from openstamp.attacks.merge import MergeConfig
+    from openstamp.attacks.prune import PruneConfig
+
+    cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in open_eval(eval_dir).runs}
+    out = tmp_path / "merge-at-cost"
+    args = ["attack", "merge", "--eval", str(eval_dir), "--out", str(out), "--method", "linear", "--t", "0.5"]
+    result = runner.invoke(app, [*args, "--n", "2", "--ppl-windows", "1", "--seq-len", "32", "--at-cost", "0.3"])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    runs = list(dict.fromkeys(r["run"] for r in results["runs"]))
+    assert results["settings"]["at_cost"] == 0.3 and results["skipped"] == ["kgw"] and len(runs) == 2
+    said = ", ".join(f"{run} {cost[run]:+.1%}" for run in runs)
+    section = _section_in_report(eval_dir, out)
+    assert f"nearest +30% ({said})." in section and "Rate at p <= 0.01" in section
+    assert all(0 <= r["flagged_at_p_0.01"] <= 1 for r in results["runs"])  # both detectors give p-values
+    for cfg in (FinetuneConfig, InstructConfig, MergeConfig, PruneConfig):
+        with pytest.raises(ValueError, match="at_cost"):
+            cfg(at_cost=-1.0)
+
+
 def test_an_attack_folder_grows_by_methods_but_does_not_shrink(eval_dir, tmp_path):
     out, cfg = tmp_path / "edit", EditConfig(delete=0.3, methods=("kgw",))
     first = run_edit(eval_dir, out, cfg, progress=False)

@@ -21,23 +21,25 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.attacks.common import (
+    AT_COST_HELP,
     attacked_metrics,
     by_method,
     cached_json,
+    check_at_cost,
     config_dict,
+    cost_note,
     file_name,
     load_method,
     open_eval,
     prepare_out,
     score_texts,
-    select_runs,
     watermarked_copy,
 )
 from openstamp.attacks.report import fmt, md_table, negatives_note, new_figure, publish, save_figure
+from openstamp.attacks.weights import DETECTION, weight_runs
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.pipeline import generate_set
-from openstamp.methods import REGISTRY, Carrier
 from openstamp.models import load_model
 from openstamp.storage import read_json
 from openstamp.training import TrainConfig, prepare, train, training_windows
@@ -52,19 +54,19 @@ class FinetuneConfig(TrainConfig):
 
     corpus: str = option("wikipedia", "training text (packaged name, local file or hf: spec)")
     part: str = option("key", "hash half of the corpus to train on: key, heldout or all")
+    at_cost: float | None = option(None, AT_COST_HELP)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.part in ("key", "heldout", "all"), "part must be key, heldout or all")
+        check_at_cost(self.at_cost)
 
 
 def run_finetune(eval_dir: Path, out: Path, cfg: FinetuneConfig, progress: bool = True) -> dict:
     """Fine-tune each weight-level run's watermarked model; detect at every checkpoint; plot TPR vs steps."""
     ev = open_eval(eval_dir)
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
-    runs = select_runs(ev, cfg.methods)
-    skipped = sorted({r["method"] for r in runs if REGISTRY[r["method"]].carrier is not Carrier.WEIGHTS})
-    runs = [r for r in runs if r["method"] not in skipped]
+    runs, skipped = weight_runs(ev, cfg.methods, cfg.at_cost)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     n = min(cfg.n, len(ev.windows))
     windows = None
@@ -78,11 +80,9 @@ def run_finetune(eval_dir: Path, out: Path, cfg: FinetuneConfig, progress: bool 
                 )
             cached_json(losses_path, attack_run, ev, run, base, tokenizer, (windows, None), n, cfg, out, progress)
         rows += checkpoint_rows(ev, run, out, cfg, n, read_json(losses_path, "loss record"))
-    summary = by_method(
-        rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score", "train_loss"), extra=("step",)
-    )
+    summary = by_method(rows, (*DETECTION, "mean_score", "train_loss"), extra=("step",))
     plot = durability_plot(summary, cfg, out / "finetune_tpr.png")
-    body = _section(ev, cfg, n, summary, skipped, windows)
+    body = _section(ev, cfg, n, summary, skipped, windows, rows)
     results = {
         "settings": config_dict(cfg),
         "eval": str(ev.path),
@@ -141,7 +141,7 @@ def checkpoint_rows(ev, run: dict, out: Path, cfg: TrainConfig, n: int, losses: 
                 "step": step,
                 "tokens": step * cfg.tokens_per_step,
                 "train_loss": losses.get(str(step)),
-                **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr")},
+                **{k: metrics.get(k) for k in DETECTION},
                 # TPR saturates at small scale; the mean score shows how much signal is left
                 "mean_score": float(np.mean([s["score"] for s in scores if s["score"] is not None])),
             }
@@ -168,7 +168,9 @@ def durability_plot(summary: list[dict], cfg: FinetuneConfig, path: Path) -> Pat
     return save_figure(fig, path)
 
 
-def _section(ev, cfg: FinetuneConfig, n: int, summary: list[dict], skipped: list[str], windows) -> list[str]:
+def _section(
+    ev, cfg: FinetuneConfig, n: int, summary: list[dict], skipped: list[str], windows, rows: list[dict]
+) -> list[str]:
     steps = cfg.checkpoints()
     what = {
         "lora": f"LoRA (rank {cfg.lora_r}, alpha {cfg.lora_alpha}, dropout {cfg.lora_dropout}) on every linear layer "
@@ -184,11 +186,15 @@ def _section(ev, cfg: FinetuneConfig, n: int, summary: list[dict], skipped: list
         f"Scale: {cfg.steps} steps = {cfg.steps * cfg.tokens_per_step:,} tokens seen (the paper: 2,500 steps, about "
         f"60M tokens). At each checkpoint the model completed the first {n} eval prompts (the eval's sampling seeds) "
         "and each method's unchanged detector scored them with the original model; step 0 is the eval run's own "
-        f"completions. {negatives_note(ev)} Cells: mean ± sd over seeds.",
+        f"completions. {negatives_note(ev)} Cells: mean ± sd over seeds.{cost_note(ev, cfg.at_cost, rows)}",
         "",
         "TPR@1%FPR:",
         "",
         *step_table(summary, steps, "tpr_at_1pct_fpr"),
+        "",
+        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        "",
+        *step_table(summary, steps, "flagged_at_p_0.01"),
         "",
         "AUROC:",
         "",

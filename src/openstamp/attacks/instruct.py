@@ -23,10 +23,20 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from openstamp.attacks.common import by_method, cached_json, config_dict, file_name, open_eval, prepare_out
+from openstamp.attacks.common import (
+    AT_COST_HELP,
+    by_method,
+    cached_json,
+    check_at_cost,
+    config_dict,
+    cost_note,
+    file_name,
+    open_eval,
+    prepare_out,
+)
 from openstamp.attacks.finetune import attack_run, checkpoint_rows, durability_plot, step_table
 from openstamp.attacks.report import negatives_note, publish
-from openstamp.attacks.weights import weight_runs
+from openstamp.attacks.weights import DETECTION, weight_runs
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
 from openstamp.errors import CorpusError
@@ -45,11 +55,13 @@ class InstructConfig(TrainConfig):
     data: str | None = option(None, "local .jsonl (alpaca or messages rows), hf:NAME[:CONFIG][:SPLIT], or None")
     corpora: str = option("news,wikipedia", "packaged corpora the offline set is built from when data is None")
     examples: int = option(256, "at most this many examples are built (offline set) or read from data")
+    at_cost: float | None = option(None, AT_COST_HELP)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.mode in ("lora", "full"), "instruction tuning mode must be lora or full")
         check(self.examples >= 1, "examples must be >= 1")
+        check_at_cost(self.at_cost)
 
 
 def build_offline_set(corpora: str, count: int, seed: int = 0) -> list[dict]:
@@ -178,7 +190,7 @@ def run_instruct(eval_dir: Path, out: Path, cfg: InstructConfig, progress: bool 
     ev = open_eval(eval_dir)
     given = None if cfg.data is None else read_examples(cfg.data, cfg.examples)  # bad data fails before any work
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
-    runs, skipped = weight_runs(ev, cfg.methods)
+    runs, skipped = weight_runs(ev, cfg.methods, cfg.at_cost)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     n = min(cfg.n, len(ev.windows))
     rows = given or cached_json(
@@ -190,9 +202,7 @@ def run_instruct(eval_dir: Path, out: Path, cfg: InstructConfig, progress: bool 
         losses_path = out / "losses" / f"{file_name(run['run'])}.json"
         cached_json(losses_path, attack_run, ev, run, base, tokenizer, data, n, cfg, out, progress)
         results_rows += checkpoint_rows(ev, run, out, cfg, n, read_json(losses_path, "loss record"))
-    summary = by_method(
-        results_rows, ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score", "train_loss"), extra=("step",)
-    )
+    summary = by_method(results_rows, (*DETECTION, "mean_score", "train_loss"), extra=("step",))
     plot = durability_plot(summary, cfg, out / "instruct_tpr.png")
     templated = bool(getattr(tokenizer, "chat_template", None))
     results = {
@@ -227,11 +237,15 @@ def _section(ev, cfg: InstructConfig, results: dict) -> list[str]:
         f"{cfg.optimizer} at peak learning rate {cfg.lr:g}, batch {cfg.batch_size} x {cfg.seq_len}, {cfg.steps} steps. "
         f"At each checkpoint the model completed the first {results['n']} eval prompts and each method's unchanged "
         f"detector scored them with the original model; step 0 is the eval's own completions. {negatives_note(ev)} "
-        "Cells: mean ± sd over seeds.",
+        "Cells: mean ± sd over seeds." + cost_note(ev, cfg.at_cost, results["runs"]),
         "",
         "TPR@1%FPR:",
         "",
         *step_table(summary, steps, "tpr_at_1pct_fpr"),
+        "",
+        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        "",
+        *step_table(summary, steps, "flagged_at_p_0.01"),
         "",
         "Mean detector score:",
         "",

@@ -37,8 +37,11 @@ import torch
 from transformers import PreTrainedModel
 
 from openstamp.attacks.common import (
+    AT_COST_HELP,
     by_method,
+    check_at_cost,
     config_dict,
+    cost_note,
     file_name,
     load_method,
     open_eval,
@@ -77,6 +80,7 @@ class MergeConfig:
     ppl_windows: int = option(16, "held-out windows for perplexity")
     seq_len: int = option(128, "tokens per perplexity window")
     methods: tuple[str, ...] | None = option(None, "methods to attack (default: every weight-level method of the run)")
+    at_cost: float | None = option(None, AT_COST_HELP)
 
     def __post_init__(self) -> None:
         check(len(self.merges) >= 1 and set(self.merges) <= set(MERGES), f"merges must be among {MERGES}")
@@ -85,6 +89,7 @@ class MergeConfig:
         check(0 < self.density <= 1, "density must lie in (0, 1]")
         check(self.n is None or self.n >= 2, "n must be >= 2")
         check(self.ppl_windows >= 1 and self.seq_len >= 8, "need ppl_windows >= 1 and seq_len >= 8")
+        check_at_cost(self.at_cost)
 
     def settings(self) -> list[tuple[str, float]]:
         """Every (merge, t) the attack runs: the t grid for linear and slerp, task_t for the others."""
@@ -209,7 +214,7 @@ def merge_models(
 def run_merge(eval_dir: Path, out: Path, cfg: MergeConfig, progress: bool = True) -> dict:
     """Merge each weight-level run's watermarked model with ``cfg.with_model`` at every setting; detect."""
     ev = open_eval(eval_dir)
-    runs, skipped = weight_runs(ev, cfg.methods)
+    runs, skipped = weight_runs(ev, cfg.methods, cfg.at_cost)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     other = base if cfg.with_model is None else load_model(cfg.with_model, dtype=ev.cfg.dtype, device=ev.cfg.device)[0]
     check_compatible(base, other)  # before anything is written, so a corrected --with can reuse --out
@@ -263,11 +268,15 @@ def _section(ev, cfg: MergeConfig, results: dict) -> list[str]:
         f"{cfg.task_t:g}) and density {cfg.density:g} (DARE seed {cfg.seed}). Each merged model completed the first "
         f"{results['n']} eval prompts; each method's unchanged detector scored them with the original model. "
         f"Quality: perplexity on {cfg.ppl_windows} held-out windows of {cfg.seq_len} tokens of the eval's corpus. "
-        f"{negatives_note(ev)} Cells: mean ± sd over seeds.",
+        f"{negatives_note(ev)} Cells: mean ± sd over seeds." + cost_note(ev, cfg.at_cost, results["runs"]),
         "",
         "TPR@1%FPR:",
         "",
         *setting_table(summary, "setting", "tpr_at_1pct_fpr"),
+        "",
+        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        "",
+        *setting_table(summary, "setting", "flagged_at_p_0.01"),
         "",
         "Mean detector score:",
         "",

@@ -22,8 +22,11 @@ import torch
 from transformers import PreTrainedModel
 
 from openstamp.attacks.common import (
+    AT_COST_HELP,
     by_method,
+    check_at_cost,
     config_dict,
+    cost_note,
     file_name,
     load_method,
     open_eval,
@@ -62,6 +65,7 @@ class PruneConfig:
     n: int | None = option(None, "eval prompts completed per sparsity (default: all)")
     ppl_windows: int = option(16, "held-out windows for perplexity")
     methods: tuple[str, ...] | None = option(None, "methods to attack (default: every weight-level method of the run)")
+    at_cost: float | None = option(None, AT_COST_HELP)
 
     def __post_init__(self) -> None:
         check(self.pruner in PRUNERS, f"pruner must be one of {PRUNERS}")
@@ -71,6 +75,7 @@ class PruneConfig:
         check(self.calibration_windows >= 1 and self.ppl_windows >= 1, "need at least one window of each kind")
         check(self.seq_len >= 8, "seq_len must be >= 8")
         check(self.n is None or self.n >= 2, "n must be >= 2")
+        check_at_cost(self.at_cost)
 
 
 def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
@@ -152,7 +157,7 @@ def run_prune(eval_dir: Path, out: Path, cfg: PruneConfig, progress: bool = True
     """Prune each weight-level run's watermarked model at every sparsity; detect and measure perplexity."""
     ev = open_eval(eval_dir)
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
-    runs, skipped = weight_runs(ev, cfg.methods)
+    runs, skipped = weight_runs(ev, cfg.methods, cfg.at_cost)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     n = min(cfg.n or len(ev.windows), len(ev.windows))
     windows = quality_windows(ev, tokenizer, cfg.ppl_windows, cfg.seq_len)
@@ -204,11 +209,16 @@ def _section(ev, cfg: PruneConfig, results: dict) -> list[str]:
         f"blocks, {head_note}, at sparsities {', '.join(f'{s:.0%}' for s in cfg.sparsities)} (0% is the watermarked "
         f"model). Each pruned model completed the first {results['n']} eval prompts; each method's unchanged "
         f"detector scored them with the original model. Quality: perplexity on {cfg.ppl_windows} held-out windows "
-        f"of {cfg.seq_len} tokens of the eval's corpus. {negatives_note(ev)} Cells: mean ± sd over seeds.",
+        f"of {cfg.seq_len} tokens of the eval's corpus. {negatives_note(ev)} Cells: mean ± sd over seeds."
+        + cost_note(ev, cfg.at_cost, results["runs"]),
         "",
         "TPR@1%FPR:",
         "",
         *setting_table(summary, "setting", "tpr_at_1pct_fpr"),
+        "",
+        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        "",
+        *setting_table(summary, "setting", "flagged_at_p_0.01"),
         "",
         "Mean detector score:",
         "",

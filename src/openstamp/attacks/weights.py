@@ -28,17 +28,23 @@ from openstamp.attacks.common import (
 )
 from openstamp.attacks.report import fmt, md_table, new_figure, save_figure
 from openstamp.corpus import load_documents, split_documents
+from openstamp.evaluation.metrics import METRICS
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import read_json
 from openstamp.training import perplexity, training_windows
 
 log = logging.getLogger(__name__)
-DETECTION = ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr")
+# the attack metrics of the registry (the rate at p <= 0.01 among them, absent for a detector without p-values), and
+# the stricter TPR
+DETECTION = (*(name for name, m in METRICS.items() if m.attack), "tpr_at_0.1pct_fpr")
 
 
-def weight_runs(ev: EvalRun, methods: tuple[str, ...] | None) -> tuple[list[dict], list[str]]:
-    """The weight-level runs to attack, and the decode-time methods skipped (their mark is not in the weights)."""
-    runs = select_runs(ev, methods)
+def weight_runs(
+    ev: EvalRun, methods: tuple[str, ...] | None, at_cost: float | None = None
+) -> tuple[list[dict], list[str]]:
+    """The weight-level runs to attack (at equal cost with ``at_cost``: see ``select_runs``), and the decode-time
+    methods skipped (their mark is not in the weights)."""
+    runs = select_runs(ev, methods, at_cost)
     skipped = sorted({r["method"] for r in runs if REGISTRY[r["method"]].carrier is not Carrier.WEIGHTS})
     return [r for r in runs if r["method"] not in skipped], skipped
 
@@ -91,7 +97,8 @@ def attacked_row(run: dict, scores: list[dict], eval_scores: dict, ppl: float, *
     return {
         **{k: run[k] for k in ("run", "method", "strength", "seed")},
         **setting,
-        **{k: metrics[k] for k in DETECTION},
+        **{k: metrics.get(k) for k in DETECTION},
+        "tpr_at_1pct_fpr_ci": metrics["tpr_at_1pct_fpr_ci"],
         "mean_score": mean_score(scores),
         "ppl": ppl,
     }

@@ -110,6 +110,7 @@ def finetune(
     n: int = TrainPromptsOption,
     seed: int = typer.Option(0, help="seed for the data order and dropout"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = AtCostOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Keep training each watermarked model; plot detection (TPR@1%FPR) against steps."""

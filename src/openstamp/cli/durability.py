@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from openstamp.cli.attack import (
+    AtCostOption,
     EvalOption,
     MethodsOption,
     QuietOption,
@@ -49,6 +50,7 @@ def merge(
     ppl_windows: int = typer.Option(16, help="held-out windows for perplexity"),
     seq_len: int = typer.Option(128, help="tokens per perplexity window"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = AtCostOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Merge each watermarked model with another (linear, SLERP, TIES, DARE-TIES); detect and measure quality."""
@@ -73,6 +75,7 @@ def prune(
     n: int | None = typer.Option(None, help="eval prompts completed per sparsity (default: all)"),
     ppl_windows: int = typer.Option(16, help="held-out windows for perplexity"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = AtCostOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Prune each watermarked model (Wanda or magnitude) at several sparsities; detect and measure quality."""
@@ -109,6 +112,7 @@ def instruct(
     n: int = TrainPromptsOption,
     seed: int = typer.Option(0, help="seed for the data order, dropout and the offline set"),
     methods: str | None = MethodsOption,
+    at_cost: float | None = AtCostOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Instruction-tune each watermarked model (LoRA or full); plot detection against steps."""
