@@ -335,9 +335,7 @@ def _pooled_keys(attacks: dict, costs: dict[str, float], new_tokens: int, shown:
                 entry["n"] += a["quality"][run["generations"]]["n"]
                 entry["costs"] += [costs[run["run"]]] if run["run"] in costs else []
                 for decision, (hits, n) in _measures(run["real"]).items() if run["real"]["n"] else ():
-                    cell = entry["by"].setdefault(decision, [0, 0])
-                    cell[0] += hits
-                    cell[1] += n
+                    tally(entry["by"], decision, hits, n)
         if len(seeds) < 2 or "openstamp" not in pooled:
             continue
         ours = pooled["openstamp"]["by"]
@@ -394,6 +392,13 @@ def _kept(real: dict) -> tuple[int, int]:
 def _at_p(real: dict) -> int:
     """How many of a run's kept paraphrases its detector flags at p <= 0.01 (the p-value holds at every length)."""
     return round(real["flagged_at_p_0.01"] * real["n"])
+
+
+def tally(counts: dict, key: object, hits: int, n: int) -> None:
+    """Add ``hits`` of ``n`` texts to ``counts[key]``, a [hits, texts] pair: a rate pooled over keys counts texts."""
+    cell = counts.setdefault(key, [0, 0])
+    cell[0] += hits
+    cell[1] += n
 
 
 def _difference(ours: tuple[int, int], other: tuple[int, int]) -> tuple[float, float, float]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from summary_para import _difference
+from summary_para import _difference, tally
 
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
 # created before it measured untied OpenStamp releases.
@@ -367,9 +367,7 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
         pooled: dict[str, list[int]] = {}  # method -> [flagged at p <= 0.01, texts] over its keys
         for run, (m, n) in by.items():
             if m.get("flagged_at_p_0.01") is not None:
-                cell_ = pooled.setdefault(run.split("@")[0], [0, 0])
-                cell_[0] += round(m["flagged_at_p_0.01"] * n)
-                cell_[1] += n
+                tally(pooled, run.split("@")[0], round(m["flagged_at_p_0.01"] * n), n)
         if "openstamp" not in pooled:
             continue
         ours = pooled.pop("openstamp")

@@ -80,7 +80,7 @@ def threshold_p_value(scores: dict) -> float | None:
     """The p-value of the full-length human text that the 1% FPR threshold sits on (the curve's threshold): the
     false-positive rate that threshold has under the detector's own null. None without p-values."""
     human = [r for r in scores["human"] if r["score"] is not None]
-    threshold = threshold_at_fpr(_human(scores), 0.01)
+    threshold = threshold_at_fpr([r["score"] for r in human], 0.01)
     at = [r["p_value"] for r in human if r["score"] == threshold and r["p_value"] is not None]
     return float(max(at)) if at else None
 

@@ -26,6 +26,7 @@ import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import EvalConfig, check
+from openstamp.evaluation.metrics import METRICS
 from openstamp.evaluation.pipeline import configured, key_directory
 from openstamp.evaluation.results import detection_metrics, load_generations
 from openstamp.hidden import autocast_decoder
@@ -189,11 +190,21 @@ def score_texts(
         return score_dicts(method, base, tokenizer, texts, cfg.score_batch_size)
 
 
+# the attack metrics of the registry (the rate at p <= 0.01 among them), then the stricter TPR
+DETECTION = (*(name for name, m in METRICS.items() if m.attack), "tpr_at_0.1pct_fpr")
+
+
 def attacked_metrics(attacked: list[dict], eval_scores: dict) -> dict:
     """AUROC and TPR of attacked positives against the eval run's human (and unwatermarked) negatives."""
     return detection_metrics(
         {"watermarked": attacked, "human": eval_scores["human"], "unwatermarked": eval_scores["unwatermarked"]}
     )
+
+
+def detection_fields(metrics: dict) -> dict:
+    """What an attack's result row keeps of :func:`attacked_metrics`: each of ``DETECTION`` (None where absent: the
+    rate at p <= 0.01 of a detector without p-values) and TPR@1%FPR's interval."""
+    return {**{k: metrics.get(k) for k in DETECTION}, "tpr_at_1pct_fpr_ci": metrics["tpr_at_1pct_fpr_ci"]}
 
 
 def mean_score(records: list[dict]) -> float | None:

@@ -22,12 +22,14 @@ import numpy as np
 
 from openstamp.attacks.common import (
     AT_COST_HELP,
+    DETECTION,
     attacked_metrics,
     by_method,
     cached_json,
     check_at_cost,
     config_dict,
     cost_note,
+    detection_fields,
     file_name,
     load_method,
     open_eval,
@@ -36,7 +38,7 @@ from openstamp.attacks.common import (
     watermarked_copy,
 )
 from openstamp.attacks.report import fmt, md_table, negatives_note, new_figure, publish, save_figure
-from openstamp.attacks.weights import DETECTION, weight_runs
+from openstamp.attacks.weights import weight_runs
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
 from openstamp.evaluation.pipeline import generate_set
@@ -141,7 +143,7 @@ def checkpoint_rows(ev, run: dict, out: Path, cfg: TrainConfig, n: int, losses: 
                 "step": step,
                 "tokens": step * cfg.tokens_per_step,
                 "train_loss": losses.get(str(step)),
-                **{k: metrics.get(k) for k in DETECTION},
+                **detection_fields(metrics),
                 # TPR saturates at small scale; the mean score shows how much signal is left
                 "mean_score": float(np.mean([s["score"] for s in scores if s["score"] is not None])),
             }

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from openstamp.attacks.common import (
     AT_COST_HELP,
+    DETECTION,
     by_method,
     cached_json,
     check_at_cost,
@@ -36,7 +37,7 @@ from openstamp.attacks.common import (
 )
 from openstamp.attacks.finetune import attack_run, checkpoint_rows, durability_plot, step_table
 from openstamp.attacks.report import negatives_note, publish
-from openstamp.attacks.weights import DETECTION, weight_runs
+from openstamp.attacks.weights import weight_runs
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
 from openstamp.errors import CorpusError

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 
 from openstamp.attacks.common import (
     AT_COST_HELP,
+    DETECTION,
     by_method,
     check_at_cost,
     config_dict,
@@ -35,7 +36,6 @@ from openstamp.attacks.common import (
 )
 from openstamp.attacks.report import negatives_note, publish
 from openstamp.attacks.weights import (
-    DETECTION,
     attacked_row,
     cached_perplexity,
     detect_attacked,

@@ -28,6 +28,7 @@ from openstamp.attacks.common import (
     check_at_cost,
     config_dict,
     cost_note,
+    detection_fields,
     file_name,
     load_method,
     mean_score,
@@ -164,9 +165,8 @@ def _row(run: dict, label: str, metrics: dict, how: dict | None) -> dict:
         "why_simulated": how["why_simulated"] if how else None,
         "head_quantized": how["head_quantized"] if how else None,
         "decode_time": REGISTRY[run["method"]].carrier is Carrier.DECODER,
-        **{k: metrics[k] for k in ("auroc", "tpr_at_1pct_fpr", "tpr_at_0.1pct_fpr", "mean_score")},
-        "tpr_at_1pct_fpr_ci": metrics["tpr_at_1pct_fpr_ci"],
-        "flagged_at_p_0.01": metrics.get("flagged_at_p_0.01"),  # None: a detector without p-values
+        **detection_fields(metrics),
+        "mean_score": metrics["mean_score"],
     }
 
 

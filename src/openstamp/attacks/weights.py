@@ -21,6 +21,7 @@ from openstamp.attacks.common import (
     EvalRun,
     attacked_metrics,
     cached_json,
+    detection_fields,
     file_name,
     mean_score,
     score_texts,
@@ -28,15 +29,11 @@ from openstamp.attacks.common import (
 )
 from openstamp.attacks.report import fmt, md_table, new_figure, save_figure
 from openstamp.corpus import load_documents, split_documents
-from openstamp.evaluation.metrics import METRICS
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import read_json
 from openstamp.training import perplexity, training_windows
 
 log = logging.getLogger(__name__)
-# the attack metrics of the registry (the rate at p <= 0.01 among them, absent for a detector without p-values), and
-# the stricter TPR
-DETECTION = (*(name for name, m in METRICS.items() if m.attack), "tpr_at_0.1pct_fpr")
 
 
 def weight_runs(
@@ -97,8 +94,7 @@ def attacked_row(run: dict, scores: list[dict], eval_scores: dict, ppl: float, *
     return {
         **{k: run[k] for k in ("run", "method", "strength", "seed")},
         **setting,
-        **{k: metrics.get(k) for k in DETECTION},
-        "tpr_at_1pct_fpr_ci": metrics["tpr_at_1pct_fpr_ci"],
+        **detection_fields(metrics),
         "mean_score": mean_score(scores),
         "ppl": ppl,
     }

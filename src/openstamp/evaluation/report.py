@@ -75,9 +75,10 @@ def reference_table(results: dict) -> list[str]:
 
 
 def ci_table(results: dict) -> list[str]:
+    with_ci = " | ".join(f"{METRICS[name].label} [95% CI]" for name in ("tpr_at_1pct_fpr", "ppl_mean", "ppl_median"))
     rows = [
-        "| run | TPR@1%FPR [95% CI] | PPL mean [95% CI] | PPL median [95% CI] | PPL ratio of means | "
-        "flagged at p<=0.01 (watermarked / human / unwatermarked) |",
+        f"| run | {with_ci} | PPL ratio of means | {METRICS['flagged_at_p_0.01'].label} (watermarked / human / "
+        "unwatermarked) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
