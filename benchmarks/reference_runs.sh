@@ -277,23 +277,30 @@ robust_cost() {
 }
 
 durability_cost() {
-  # merging and pruning at equal cost to the model, where the durability runs compare each method at its default
-  # strength (OpenStamp's default costs 2-5x the baselines'): on the sweep's eval of seed DURABILITY_COST_SEED (default
-  # 0; run `sweep` first), each weight-level method at the strength whose own perplexity change is nearest
-  # DURABILITY_COST (default 0.3: +30%), merged linearly with the base (t 0.3, 0.5, 0.7: the base's weight) and pruned
-  # with Wanda (30% and 50% of every linear layer of the blocks), the first 64 prompts completed anew by each. Results
-  # go beside robust_cost's, whose summary reads them. About 15 min on 2 cores
+  # merging, pruning and fine-tuning at equal cost to the model, where the durability runs compare each method at its
+  # default strength (OpenStamp's default costs 2-5x the baselines'): on the sweep's eval of seed DURABILITY_COST_SEED
+  # (default 0; run `sweep` first), each weight-level method at the strength whose own perplexity change is nearest
+  # DURABILITY_COST (default 0.3: +30%), and the first 64 prompts completed anew by each attacked release. The attacks
+  # (DURABILITY_COST_ATTACKS, default all three): merge, linear with the base (t 0.3, 0.5, 0.7: the base's weight);
+  # prune, Wanda on 30% and 50% of every linear layer of the blocks; finetune, LoRA on wikipedia for 100 steps (the
+  # fade stage's attack, shorter). Results go beside robust_cost's, whose summary reads them. About 15 min for merging
+  # and pruning on 2 cores, and XX min for fine-tuning
   local seed=${DURABILITY_COST_SEED:-0} cost=${DURABILITY_COST:-0.3} K=benchmarks/results/robust_cost
   local S=runs/sweep-s$seed suffix="" methods=openstamp,openstamp-nosem,unremovable,gaussmark
   [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
   [ $seed = 0 ] || suffix=-s$seed
   mkdir -p $K
-  $OPENSTAMP attack merge --eval $S --method linear --t 0.3,0.5,0.7 --n 64 --at-cost $cost --methods $methods \
-    --out runs/merge-cost$cost$suffix
-  cp runs/merge-cost$cost$suffix/results.json $K/merge-cost$cost$suffix.json
-  $OPENSTAMP attack prune --eval $S --method wanda --sparsity 0.3,0.5 --n 64 --at-cost $cost --methods $methods \
-    --out runs/prune-cost$cost$suffix
-  cp runs/prune-cost$cost$suffix/results.json $K/prune-cost$cost$suffix.json
+  for attack in ${DURABILITY_COST_ATTACKS:-merge prune finetune}; do
+    local name=$attack-cost$cost$suffix settings
+    case $attack in
+      merge) settings=(--method linear --t 0.3,0.5,0.7) ;;
+      prune) settings=(--method wanda --sparsity 0.3,0.5) ;;
+      finetune) settings=(--corpus wikipedia --steps 100 --every 50) ;;
+      *) echo "unknown attack $attack: merge, prune or finetune"; return 1 ;;
+    esac
+    $OPENSTAMP attack $attack --eval $S "${settings[@]}" --n 64 --at-cost $cost --methods $methods --out runs/$name
+    cp runs/$name/results.json $K/$name.json
+  done
 }
 
 projection() {

@@ -340,6 +340,10 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
                 elif res["attack"] == "prune" and row["sparsity"] > 0:
                     label = f"{res['settings']['pruner']} {row['sparsity']:.0%}"
                     columns.setdefault(label, {})[row["run"]] = row, res["n"]
+        elif res["attack"] == "finetune":
+            e = res["settings"]
+            for row in (r for r in res["runs"] if r["step"] == e["steps"]):
+                columns.setdefault(f"{e['mode']} fine-tune, {e['steps']} steps", {})[row["run"]] = row, res["n"]
     order = {run: i for i, run in enumerate(evals)}  # the methods in each sweep eval's order
     runs = sorted(
         dict.fromkeys(run for by in columns.values() for run in by), key=lambda r: (r.split("/")[-1], order[r])
@@ -389,10 +393,10 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
         "release completes the first prompts anew (decode-time methods are left out: quantizing the model leaves "
         "their processor alone). "
         + (
-            "So does a release merged linearly with the base (t is the base's weight) or pruned with Wanda in every "
-            "linear layer of its blocks (`bash benchmarks/reference_runs.sh durability_cost`, with "
-            "`DURABILITY_COST_SEED` for each further key; '-' where a key was not attacked). "
-            if {"merge", "prune"} & {r["attack"] for r in results.values()}
+            "So does a release merged linearly with the base (t is the base's weight), pruned with Wanda in every "
+            "linear layer of its blocks, or fine-tuned on wikipedia (`bash benchmarks/reference_runs.sh "
+            "durability_cost`, with `DURABILITY_COST_SEED` for each further key; '-' where a key was not attacked). "
+            if {"merge", "prune", "finetune"} & {r["attack"] for r in results.values()}
             else ""
         )
         + "Each cell: "
