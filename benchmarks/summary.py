@@ -15,7 +15,7 @@ from pathlib import Path
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
 from summary_para import paraphrase64, paraphrase_baselines, projection_keys, projection_test
-from summary_robust import RETIED_FROM, durability, robust_at_cost, robustness
+from summary_robust import AT_COST, RETIED_FROM, durability, robust_at_cost, robustness
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
@@ -720,7 +720,10 @@ def render() -> str:
     if (memo := load("sweep_memo")) is not None:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
-    out += robust_at_cost(RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost")
+    for attacks in AT_COST:
+        out += robust_at_cost(
+            RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost", attacks=attacks
+        )
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
         cfg = json.loads(durable.read_text())["config"]
@@ -778,7 +781,8 @@ def headline() -> str:
     out += pareto_sweep(whole=False)
     out += paraphrase_baselines(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     robust = RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost"
-    out += robust_at_cost(*robust, per_key=False)
+    for attacks in AT_COST:
+        out += robust_at_cost(*robust, per_key=False, attacks=attacks)
     out += projection()
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)

@@ -312,13 +312,37 @@ def durability(folder: Path, source: str) -> list[str]:
     return out
 
 
-def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) -> list[str]:
-    """Token edits and quantization at equal cost (the robust_cost stage, ``folder``, one file per attack and key;
-    the sweep's seeds under ``sweep`` give each run's own perplexity change and its clean detection): per run, its
-    TPR@1%FPR [95% CI] and the rate at p <= 0.01 before and after each attack, then where OpenStamp is resolved
-    above or below a baseline at p <= 0.01, each method's keys pooled. Without ``per_key`` (the README), one row per
-    method: its mean own PPL change and mean TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
+# the attacks at equal cost, a table for each group: the reference stage that runs them, its variable for the key,
+# and what the attacks do
+AT_COST = {
+    ("edit", "quantize"): (
+        "robust_cost",
+        "ROBUST_COST_SEED",
+        "Token edits re-score every completion; a quantized release completes the first prompts anew (decode-time "
+        "methods are left out: quantizing the model leaves their processor alone).",
+    ),
+    ("merge", "prune", "finetune"): (
+        "durability_cost",
+        "DURABILITY_COST_SEED",
+        "A release merged linearly with the base (t is the base's weight), pruned with Wanda in every linear layer of "
+        "its blocks, or fine-tuned with LoRA on wikipedia completes the first prompts anew (decode-time methods are "
+        "left out: their mark is not in the weights); '-' where a key was not attacked.",
+    ),
+}
+
+
+def robust_at_cost(
+    folder: Path, sweep: Path, shown: str, per_key: bool = True, attacks: tuple[str, ...] = ("edit", "quantize")
+) -> list[str]:
+    """The ``attacks`` (a group of :data:`AT_COST`) at equal cost (the robust_cost and durability_cost stages,
+    ``folder``, one file per attack and key; the sweep's seeds under ``sweep`` give each run's own perplexity change
+    and its clean detection): per run, its TPR@1%FPR [95% CI] and the rate at p <= 0.01 before and after each attack,
+    then where OpenStamp is resolved above or below a baseline at p <= 0.01, each method's keys pooled. Without
+    ``per_key`` (the README), one row per method: its mean own PPL change and mean TPR@1%FPR over its keys, and its
+    rate at p <= 0.01 over their texts."""
+    stage, variable, what = AT_COST[attacks]
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
+    results = {name: res for name, res in results.items() if res["attack"] in attacks}
     sweeps = [json.loads(path.read_text()) for path in sorted(sweep.glob("s*/results.json"))]
     evals = {r["run"]: (r, ev["config"]["n"]) for ev in sweeps for r in ev["runs"]}  # run -> (its results, n)
     if not results or not evals:
@@ -385,21 +409,11 @@ def robust_at_cost(folder: Path, sweep: Path, shown: str, per_key: bool = True) 
     seeds = sorted({run.split("/")[-1] for run in runs})
     sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
     return [
-        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep robust_cost`, with `ROBUST_COST_SEED` for "
-        f"each further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
+        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep {stage}`, with `{variable}` for each "
+        f"further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
         f"{sizes['none'][0]} prompts, {sweeps[0]['config']['new_tokens']} new tokens), each method at the strength "
         f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
-        "default comparison's robustness table is saturated. Token edits re-score every completion; a quantized "
-        "release completes the first prompts anew (decode-time methods are left out: quantizing the model leaves "
-        "their processor alone). "
-        + (
-            "So does a release merged linearly with the base (t is the base's weight), pruned with Wanda in every "
-            "linear layer of its blocks, or fine-tuned on wikipedia (`bash benchmarks/reference_runs.sh "
-            "durability_cost`, with `DURABILITY_COST_SEED` for each further key; '-' where a key was not attacked). "
-            if {"merge", "prune", "finetune"} & {r["attack"] for r in results.values()}
-            else ""
-        )
-        + "Each cell: "
+        f"default comparison's robustness tables are saturated. {what} Each cell: "
         + (
             "TPR@1%FPR against the eval's human continuations [95% bootstrap interval]"
             if per_key
