@@ -284,7 +284,7 @@ durability_cost() {
   # (DURABILITY_COST_ATTACKS, default all three): merge, linear with the base (t 0.3, 0.5, 0.7: the base's weight);
   # prune, Wanda on 30% and 50% of every linear layer of the blocks; finetune, LoRA on wikipedia for 100 steps (the
   # fade stage's attack, shorter). Results go beside robust_cost's, whose summary reads them. About 15 min for merging
-  # and pruning on 2 cores, and XX min for fine-tuning
+  # and pruning on 2 cores per key; the fine-tune is not timed yet
   local seed=${DURABILITY_COST_SEED:-0} cost=${DURABILITY_COST:-0.3} K=benchmarks/results/robust_cost
   local S=runs/sweep-s$seed suffix="" methods=openstamp,openstamp-nosem,unremovable,gaussmark
   [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
@@ -301,6 +301,10 @@ durability_cost() {
     $OPENSTAMP attack $attack --eval $S "${settings[@]}" --n 64 --at-cost $cost --methods $methods --out runs/$name
     cp runs/$name/results.json $K/$name.json
   done
+  # the eval attacked, which the summary reads beside them: trained keys and sampled text depend on the CPU, so a seed
+  # run again on another machine is not the sweep's kept one
+  mkdir -p $K/evals/s$seed
+  cp $S/results.json $K/evals/s$seed/
 }
 
 projection() {

@@ -721,9 +721,7 @@ def render() -> str:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     for attacks in AT_COST:
-        out += robust_at_cost(
-            RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost", attacks=attacks
-        )
+        out += robust_at_cost(RESULTS, attacks=attacks)
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
         cfg = json.loads(durable.read_text())["config"]
@@ -780,9 +778,8 @@ def headline() -> str:
     out: list[str] = []
     out += pareto_sweep(whole=False)
     out += paraphrase_baselines(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
-    robust = RESULTS / "robust_cost", RESULTS / "sweep" / "seeds", "benchmarks/results/robust_cost"
     for attacks in AT_COST:
-        out += robust_at_cost(*robust, per_key=False, attacks=attacks)
+        out += robust_at_cost(RESULTS, per_key=False, attacks=attacks)
     out += projection()
     for name, render_section in (("tune", tune), ("tune_shrinkage", tune), ("fpr_per_key", fpr_per_key)):
         result = load(name)

@@ -313,37 +313,44 @@ def durability(folder: Path, source: str) -> list[str]:
 
 
 # the attacks at equal cost, a table for each group: the reference stage that runs them, its variable for the key,
-# and what the attacks do
+# the folder (under benchmarks/results) of the evals they attacked, and what the attacks do
 AT_COST = {
     ("edit", "quantize"): (
         "robust_cost",
         "ROBUST_COST_SEED",
+        "sweep/seeds",
         "Token edits re-score every completion; a quantized release completes the first prompts anew (decode-time "
-        "methods are left out: quantizing the model leaves their processor alone).",
+        "methods are left out: quantizing the model leaves their processor alone). Deletions shorten the text, and "
+        "the full-length threshold flatters a per-token-mean score on shorter text; the rate at p <= 0.01 holds at "
+        "any length.",
     ),
     ("merge", "prune", "finetune"): (
         "durability_cost",
         "DURABILITY_COST_SEED",
-        "A release merged linearly with the base (t is the base's weight), pruned with Wanda in every linear layer of "
-        "its blocks, or fine-tuned with LoRA on wikipedia completes the first prompts anew (decode-time methods are "
-        "left out: their mark is not in the weights); '-' where a key was not attacked.",
+        "robust_cost/evals",
+        "Each seed's eval is the sweep's, run again on the machine that attacked it and kept under "
+        "`benchmarks/results/robust_cost/evals/`: trained keys and sampled text depend on the CPU, so it is not the "
+        "kept seed of the sweep. A release merged linearly with the base (t is the base's weight), pruned with Wanda "
+        "in every linear layer of its blocks, or fine-tuned with LoRA on wikipedia completes the first prompts anew "
+        "(decode-time methods are left out: their mark is not in the weights); '-' where a key was not attacked.",
     ),
 }
 
 
 def robust_at_cost(
-    folder: Path, sweep: Path, shown: str, per_key: bool = True, attacks: tuple[str, ...] = ("edit", "quantize")
+    results_root: Path, per_key: bool = True, attacks: tuple[str, ...] = ("edit", "quantize")
 ) -> list[str]:
-    """The ``attacks`` (a group of :data:`AT_COST`) at equal cost (the robust_cost and durability_cost stages,
-    ``folder``, one file per attack and key; the sweep's seeds under ``sweep`` give each run's own perplexity change
-    and its clean detection): per run, its TPR@1%FPR [95% CI] and the rate at p <= 0.01 before and after each attack,
-    then where OpenStamp is resolved above or below a baseline at p <= 0.01, each method's keys pooled. Without
-    ``per_key`` (the README), one row per method: its mean own PPL change and mean TPR@1%FPR over its keys, and its
-    rate at p <= 0.01 over their texts."""
-    stage, variable, what = AT_COST[attacks]
+    """The ``attacks`` (a group of :data:`AT_COST`) at equal cost (the robust_cost and durability_cost stages, one
+    file per attack and key in ``results_root``/robust_cost; the evals they attacked, a folder per seed, give each
+    run's own perplexity change and its clean detection): per run, its TPR@1%FPR [95% CI] and the rate at p <= 0.01
+    before and after each attack, then where OpenStamp is resolved above or below a baseline at p <= 0.01, each
+    method's keys pooled. Without ``per_key`` (the README), one row per method: its mean own PPL change and mean
+    TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
+    stage, variable, evals_in, what = AT_COST[attacks]
+    folder, shown = results_root / "robust_cost", "benchmarks/results/robust_cost"
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     results = {name: res for name, res in results.items() if res["attack"] in attacks}
-    sweeps = [json.loads(path.read_text()) for path in sorted(sweep.glob("s*/results.json"))]
+    sweeps = [json.loads(path.read_text()) for path in sorted((results_root / evals_in).glob("s*/results.json"))]
     evals = {r["run"]: (r, ev["config"]["n"]) for ev in sweeps for r in ev["runs"]}  # run -> (its results, n)
     if not results or not evals:
         return []
@@ -421,8 +428,7 @@ def robust_at_cost(
         )
         + ", and in parentheses the rate at p <= 0.01"
         + ("" if per_key else " over the keys' texts")
-        + ", which holds at any length (deletions shorten the text, and the full-length threshold flatters a "
-        "per-token-mean score on shorter text):",
+        + ":",
         "",
         f"| {'run' if per_key else 'method'} | own PPL change | "
         + " | ".join(
@@ -455,5 +461,6 @@ def _pooled_rows(runs: list[str], evals: dict, columns: dict[str, dict]) -> list
             with_p = [(m["flagged_at_p_0.01"], n) for m, n in entries if m.get("flagged_at_p_0.01") is not None]
             rate = sum(round(p * n) for p, n in with_p) / sum(n for _, n in with_p) if with_p else None
             cells.append(f"{tpr:.3f}" + ("" if rate is None else f" ({rate:.3f})"))
-        rows.append(f"| {method} ({len(mine)} keys) | {cost:+.1%} | " + " | ".join(cells) + " |")
+        keys = f"{len(mine)} key{'s' if len(mine) > 1 else ''}"
+        rows.append(f"| {method} ({keys}) | {cost:+.1%} | " + " | ".join(cells) + " |")
     return rows
