@@ -364,13 +364,12 @@ def robust_at_cost(
             for row in (r for r in res["runs"] if r["scheme"] != "unquantized"):
                 label = f"{row['scheme'].upper()} ({res['quantization'][row['scheme']]['backend']})"
                 columns.setdefault(label, {})[row["run"]] = row, res["n"]
-        elif res["attack"] in ("merge", "prune"):
-            for row in res["runs"]:
-                if res["attack"] == "merge" and row["t"] > 0:
-                    columns.setdefault(f"{row['merge']} merge, t {row['t']:g}", {})[row["run"]] = row, res["n"]
-                elif res["attack"] == "prune" and row["sparsity"] > 0:
-                    label = f"{res['settings']['pruner']} {row['sparsity']:.0%}"
-                    columns.setdefault(label, {})[row["run"]] = row, res["n"]
+        elif res["attack"] == "merge":
+            for row in (r for r in res["runs"] if r["t"] > 0):
+                columns.setdefault(f"{row['merge']} merge, t {row['t']:g}", {})[row["run"]] = row, res["n"]
+        elif res["attack"] == "prune":
+            for row in (r for r in res["runs"] if r["sparsity"] > 0):
+                columns.setdefault(f"{res['settings']['pruner']} {row['sparsity']:.0%}", {})[row["run"]] = row, res["n"]
         elif res["attack"] == "finetune":
             e = res["settings"]
             for row in (r for r in res["runs"] if r["step"] == e["steps"]):
@@ -385,9 +384,9 @@ def robust_at_cost(
         if entry is None:
             return "-"
         m = entry[0]
-        ci = "" if m.get("tpr_at_1pct_fpr_ci") is None else " [{:.2f}, {:.2f}]".format(*m["tpr_at_1pct_fpr_ci"])
+        low, high = m["tpr_at_1pct_fpr_ci"]
         p = m.get("flagged_at_p_0.01")
-        return f"{m['tpr_at_1pct_fpr']:.3f}{ci}" + ("" if p is None else f" ({p:.3f})")
+        return f"{m['tpr_at_1pct_fpr']:.3f} [{low:.2f}, {high:.2f}]" + ("" if p is None else f" ({p:.3f})")
 
     rows = [
         f"| {run} | {evals[run][0]['metrics']['own_ppl_change']:+.1%} | "
