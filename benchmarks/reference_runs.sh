@@ -94,6 +94,14 @@ sweep() {
   $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
   cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
 }
+sweep_eval() {
+  # the sweep's eval of seed SWEEP_EVAL_SEED (default 0) in runs/sweep-s<seed>, for the stages that attack it
+  # (paraphrase_cost, robust_cost, durability_cost), run again without touching the kept seeds: sweep() skips a kept
+  # seed, and on another CPU the run is not the kept one (trained keys and sampled text differ). About 50 min on a
+  # quiet 2-core machine
+  local seed=${SWEEP_EVAL_SEED:-0}
+  $OPENSTAMP eval "${SWEEP[@]}" --seeds $seed --store runs/sweep-s$seed-store --out runs/sweep-s$seed
+}
 shrinkage() {
   # an OpenStamp method (SHRINK_METHOD: openstamp, the default, or openstamp-nosem) with selector shrinkage f
   # (selector.shrinkage: ridge lambda = f * tr(Z^T Z) / d; on 32 prompts, benchmarks/low_strength.py found it buys TPR
@@ -279,8 +287,9 @@ robust_cost() {
 durability_cost() {
   # merging, pruning and fine-tuning at equal cost to the model, where the durability runs compare each method at its
   # default strength (OpenStamp's default costs 2-5x the baselines'): on the sweep's eval of seed DURABILITY_COST_SEED
-  # (default 0; run `sweep` first), each weight-level method at the strength whose own perplexity change is nearest
-  # DURABILITY_COST (default 0.3: +30%), and the first 64 prompts completed anew by each attacked release. The attacks
+  # (default 0; run `sweep_eval` with that seed first), each weight-level method at the strength whose own perplexity
+  # change is nearest DURABILITY_COST (default 0.3: +30%), and the first 64 prompts completed anew by each attacked
+  # release. The attacks
   # (DURABILITY_COST_ATTACKS, default all three): merge, linear with the base (t 0.3, 0.5, 0.7: the base's weight);
   # prune, Wanda on 30% and 50% of every linear layer of the blocks; finetune, LoRA on wikipedia for 100 steps (the
   # fade stage's attack, shorter). Results go beside robust_cost's, whose summary reads them. About 15 min for merging
@@ -394,8 +403,8 @@ keep() {
 
 main() {
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep shrinkage durability analyses edit
-    quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
+  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep sweep_eval shrinkage durability analyses
+    edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
     paraphrase_timed paraphrase_cost robust_cost durability_cost projection projection_keys)
   for stage in "${stages[@]}"; do
     local fn=$stage

@@ -312,11 +312,11 @@ def durability(folder: Path, source: str) -> list[str]:
     return out
 
 
-# the attacks at equal cost, a table for each group: the reference stage that runs them, its variable for the key,
+# the attacks at equal cost, a table for each group: the reference stages that run them, its variable for the key,
 # the folder (under benchmarks/results) of the evals they attacked, and what the attacks do
 AT_COST = {
     ("edit", "quantize"): (
-        "robust_cost",
+        "sweep robust_cost",
         "ROBUST_COST_SEED",
         "sweep/seeds",
         "Token edits re-score every completion; a quantized release completes the first prompts anew (decode-time "
@@ -325,7 +325,7 @@ AT_COST = {
         "any length.",
     ),
     ("merge", "prune", "finetune"): (
-        "durability_cost",
+        "sweep_eval durability_cost",
         "DURABILITY_COST_SEED",
         "robust_cost/evals",
         "Each seed's eval is the sweep's, run again on the machine that attacked it and kept under "
@@ -415,7 +415,7 @@ def robust_at_cost(
     seeds = sorted({run.split("/")[-1] for run in runs})
     sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
     return [
-        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh sweep {stage}`, with `{variable}` for each "
+        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh {stage}`, with `{variable}` for each "
         f"further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
         f"{sizes['none'][0]} prompts, {sweeps[0]['config']['new_tokens']} new tokens), each method at the strength "
         f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
