@@ -37,7 +37,7 @@ from openstamp.attacks.common import (
     score_texts,
     watermarked_copy,
 )
-from openstamp.attacks.report import fmt, md_table, negatives_note, new_figure, publish, save_figure
+from openstamp.attacks.report import AT_P_TITLE, fmt, md_table, negatives_note, new_figure, publish, save_figure
 from openstamp.attacks.weights import weight_runs
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
@@ -194,7 +194,7 @@ def _section(
         "",
         *step_table(summary, steps, "tpr_at_1pct_fpr"),
         "",
-        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        AT_P_TITLE,
         "",
         *step_table(summary, steps, "flagged_at_p_0.01"),
         "",

@@ -36,7 +36,7 @@ from openstamp.attacks.common import (
     prepare_out,
 )
 from openstamp.attacks.finetune import attack_run, checkpoint_rows, durability_plot, step_table
-from openstamp.attacks.report import negatives_note, publish
+from openstamp.attacks.report import AT_P_TITLE, negatives_note, publish
 from openstamp.attacks.weights import weight_runs
 from openstamp.config import check, option
 from openstamp.corpus import load_documents, split_documents
@@ -244,7 +244,7 @@ def _section(ev, cfg: InstructConfig, results: dict) -> list[str]:
         "",
         *step_table(summary, steps, "tpr_at_1pct_fpr"),
         "",
-        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        AT_P_TITLE,
         "",
         *step_table(summary, steps, "flagged_at_p_0.01"),
         "",

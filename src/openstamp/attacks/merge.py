@@ -49,7 +49,7 @@ from openstamp.attacks.common import (
     prepare_out,
     watermarked_copy,
 )
-from openstamp.attacks.report import negatives_note, publish
+from openstamp.attacks.report import AT_P_TITLE, negatives_note, publish
 from openstamp.attacks.weights import (
     attacked_row,
     cached_perplexity,
@@ -274,7 +274,7 @@ def _section(ev, cfg: MergeConfig, results: dict) -> list[str]:
         "",
         *setting_table(summary, "setting", "tpr_at_1pct_fpr"),
         "",
-        "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):",
+        AT_P_TITLE,
         "",
         *setting_table(summary, "setting", "flagged_at_p_0.01"),
         "",

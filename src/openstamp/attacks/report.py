@@ -87,6 +87,8 @@ def publish(
 # -- the before/after comparison shared by the text attacks ---------------------------------------
 
 COMPARED = tuple((m.label, m.name) for m in METRICS.values() if m.attack)  # results.json has more
+# the title of the table of the rate at p <= 0.01 in the attacks' sections
+AT_P_TITLE = "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):"
 
 
 def negatives_note(ev: EvalRun) -> str:
