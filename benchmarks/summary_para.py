@@ -25,6 +25,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
     own, attack = folder / "results.json", _load(folder / "attacks")
     if own.exists() and attack:
         results = json.loads(own.read_text())
+        paired(attack, [results], f"{shown}/attacks")
         cfg = results["config"]
         lead = (
             "Paraphrase at larger n (`bash benchmarks/reference_runs.sh paraphrase64`), on its own eval "
@@ -37,6 +38,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         out += _threshold_note(folder.parent / "threshold_lengths.json", attack)
     if (timed := _load(folder / "timed")) and (own := folder.parent / "eval_timed" / "results.json").exists():
         results = json.loads(own.read_text())
+        paired(timed, [results], f"{shown}/timed")
         cfg = results["config"]
         lead = (
             "The same on the timed default comparison's eval (`bash benchmarks/reference_runs.sh timed "
@@ -48,6 +50,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         seeds := sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
     ):
         sweep = [json.loads(path.read_text()) for path in seeds]
+        paired(cost, sweep, f"{shown}/cost")
         cfg = sweep[0]["config"]
         at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
         evals = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
@@ -314,6 +317,7 @@ def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     ]
     if not cost or not sweep:
         return []
+    paired(cost, sweep, f"{shown}/cost")
     costs = {run: c for results in sweep for run, c in _costs(results).items()}
     return _pooled_keys(cost, costs, sweep[0]["config"]["new_tokens"], f"{shown}/cost")
 
@@ -399,6 +403,23 @@ def tally(counts: dict, key: object, hits: int, n: int) -> None:
     cell = counts.setdefault(key, [0, 0])
     cell[0] += hits
     cell[1] += n
+
+
+def paired(attacks: dict[str, dict], evals: list[dict], shown: str) -> None:
+    """Refuse to pair an attack with an eval other than the one it attacked. A result that names the eval it attacked
+    by its created time (``eval_created``; results written before it was kept do not) must find that eval among
+    ``evals`` for each of its seeds: an eval run again (on another CPU, another key and other text) shares its path
+    and seed, not its numbers."""
+    made = {seed: ev["created"] for ev in evals for seed in ev["config"]["seeds"]}
+    for name, attack in attacks.items():
+        wanted = attack.get("eval_created")
+        other = {made[r["seed"]] for r in attack["runs"] if r["seed"] in made} - {wanted}
+        if wanted is not None and other:
+            raise ValueError(
+                f"{shown}/{name}.json attacked the eval {attack['eval']} written {wanted}, but it is paired here with "
+                f"one written {min(other)}: keep the eval it attacked beside it (as durability_cost does), or run the "
+                "attack again"
+            )
 
 
 def _difference(ours: tuple[int, int], other: tuple[int, int]) -> tuple[float, float, float]:

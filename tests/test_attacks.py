@@ -79,6 +79,9 @@ def test_edit_attack_end_to_end(eval_dir, tmp_path):
     mean_after = np.mean([r["auroc_after"] for r in results["runs"]])
     assert mean_after < mean_before  # replacing 60% of the tokens weakens the evidence
     assert (out / "results.json").exists() and (out / "edit_tpr.png").exists()
+    # the eval attacked is named by its created time too: one run again into the same folder is another eval
+    written = json.loads((out / "results.json").read_text())
+    assert written["eval_created"] == json.loads((eval_dir / "results.json").read_text())["created"]
     section = _section_in_report(eval_dir, out)
     assert "## Attack: token edits" in section
     # beside TPR, the rate at p <= 0.01, which needs no threshold: deletions shorten the text

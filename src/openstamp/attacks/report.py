@@ -17,7 +17,7 @@ import numpy as np
 from openstamp.attacks.common import EvalRun, by_method
 from openstamp.evaluation.metrics import METRICS
 from openstamp.plots import new_figure, save_figure  # noqa: F401  (the attacks import them from here)
-from openstamp.storage import atomic_write_json, atomic_write_text
+from openstamp.storage import atomic_write_json, atomic_write_text, read_json
 
 
 def fmt(stat: dict | float | None, digits: int = 3) -> str:
@@ -51,15 +51,22 @@ def publish(
 ) -> Path:
     """Write results.json, section.md and report.md to ``out``; add the section to the eval report.
 
+    results.json names the eval attacked by its ``created`` time too (``eval_created``), so that a summary that pairs
+    the attack with a copy of that eval can tell it from the eval run again.
+
     The copy in ``<eval>/attacks/<out.name>.md`` links its PNGs (copied next to it) relative to the
     eval directory, because ``write_report`` appends it to ``<eval>/report.md``.
     """
     from openstamp.watermark import versions
 
+    attacked = {}  # which eval was attacked, beyond its path: an eval run again into the same folder is another one
+    if eval_dir is not None and (eval_dir / "results.json").exists():
+        attacked = {"eval_created": read_json(eval_dir / "results.json", "evaluation results")["created"]}
     results = {
         "attack": attack,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
+        **attacked,
         **results,
     }
     atomic_write_json(out / "results.json", results)
