@@ -259,6 +259,10 @@ paraphrase_cost() {
     cp runs/$name/results.json $K/$name.json
     cp $S/attacks/$name* $K/
   done
+  # the eval attacked, which the summary pairs each result with by its created time (the paper prompt's first keys
+  # attacked the sweep's kept seeds, which it reads too)
+  mkdir -p $K/evals/s$seed
+  cp $S/results.json $K/evals/s$seed/
 }
 
 robust_cost() {

@@ -25,7 +25,6 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
     own, attack = folder / "results.json", _load(folder / "attacks")
     if own.exists() and attack:
         results = json.loads(own.read_text())
-        paired(attack, [results], f"{shown}/attacks")
         cfg = results["config"]
         lead = (
             "Paraphrase at larger n (`bash benchmarks/reference_runs.sh paraphrase64`), on its own eval "
@@ -34,33 +33,38 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             "distillation's bfloat16 autocast, though its recorded settings say bfloat16: the eval took a field "
             "added since at its new default, which it now refuses)"
         )
-        out += paraphrase_detail(attack, f"{shown}/attacks", lead, _costs(results)) + [""]
+        out += paraphrase_detail(
+            attack, f"{shown}/attacks", lead, attack_costs(attack, [results], f"{shown}/attacks")
+        ) + [""]
         out += _threshold_note(folder.parent / "threshold_lengths.json", attack)
     if (timed := _load(folder / "timed")) and (own := folder.parent / "eval_timed" / "results.json").exists():
         results = json.loads(own.read_text())
-        paired(timed, [results], f"{shown}/timed")
         cfg = results["config"]
         lead = (
             "The same on the timed default comparison's eval (`bash benchmarks/reference_runs.sh timed "
             f"paraphrase_timed`; {cfg['n']} prompts of {cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, "
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
-        out += paraphrase_detail(timed, f"{shown}/timed", lead, _costs(results)) + [""]
-    if (cost := _load(folder / "cost")) and (
-        seeds := sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
-    ):
-        sweep = [json.loads(path.read_text()) for path in seeds]
-        paired(cost, sweep, f"{shown}/cost")
+        out += paraphrase_detail(timed, f"{shown}/timed", lead, attack_costs(timed, [results], f"{shown}/timed")) + [""]
+    if (cost := _load(folder / "cost")) and (sweep := _cost_evals(folder)):
+        costs = attack_costs(cost, sweep, f"{shown}/cost")
         cfg = sweep[0]["config"]
         at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
         evals = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
+        again = sorted(name for name, a in cost.items() if a.get("eval_created") in _made(folder / "cost" / "evals"))
         lead = (
             "At equal cost to the model (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, with "
             f"`PARA_COST_SEED` for another key; the sweep's evals {evals}, {cfg['n']} prompts of "
             f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at the strength of its grid "
-            f"whose own perplexity change is nearest {at}; `{shown}/cost/`)"
+            f"whose own perplexity change is nearest {at}; `{shown}/cost/`"
+            + (
+                f"; {', '.join(again)} attacked the sweep's eval of its seed run again on another machine, kept in "
+                f"`{shown}/cost/evals/`: another key and other text than the kept seed of that number"
+                if again
+                else ""
+            )
+            + ")"
         )
-        costs = {run: c for results in sweep for run, c in _costs(results).items()}
         out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""]
         out += _pooled_keys(cost, costs, cfg["new_tokens"], f"{shown}/cost")
     if earlier := _load(folder / "main-eval"):
@@ -163,11 +167,12 @@ def _by_cost(attack: dict) -> bool:
     return attack["settings"].get("at_cost") is not None
 
 
-def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, float] | None = None) -> list[str]:
+def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, dict] | None = None) -> list[str]:
     """Every paraphrase run that recorded detection without its near-copies (``real``), one row per prompt and method.
 
     ``lead`` says which eval's releases were paraphrased; ``figures`` is the folder of the runs' plots; ``costs``
-    (:func:`_costs`), where given, the eval's own perplexity change of each run, shown beside it.
+    (:func:`attack_costs`), where given, the own perplexity change of each run in the eval each result attacked,
+    shown beside it.
 
     The projection's effect is OpenStamp against openstamp-nosem on the same paraphraser and prompt:
     with near-copies left out, neither is credited for text the paraphraser did not rewrite.
@@ -209,7 +214,7 @@ def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, fl
         f"{more} |",
         "|---|---|" + ("---:|" * (8 + (1 if costs else 0) + (3 if cut else 0))),
     ]
-    for a in sorted(runs.values(), key=lambda a: a["settings"].get("prompt", "paper")):
+    for name, a in sorted(runs.items(), key=lambda item: item[1]["settings"].get("prompt", "paper")):
         prompt = a["settings"].get("prompt", "paper")
         for run in a["runs"]:
             q = a["quality"][run["generations"]]
@@ -222,7 +227,8 @@ def paraphrase_detail(attack: dict, figures: str, lead: str, costs: dict[str, fl
             else:
                 kept = scores = "-"
             extra = _cut_cells(real) if cut else ""
-            cost = "" if costs is None else " | " + ("-" if run["run"] not in costs else f"{costs[run['run']]:+.1%}")
+            mine = {} if costs is None else costs[name]
+            cost = "" if costs is None else " | " + ("-" if run["run"] not in mine else f"{mine[run['run']]:+.1%}")
             rows.append(
                 f"| {prompt} | {_name(a, run)}{cost} | {q['n']} | {q['near_copy_fraction']:.0%} "
                 f"| {q['cosine_mean']:.2f} | {q['length_ratio_mean']:.2f} "
@@ -311,33 +317,44 @@ def _projection(runs: dict) -> list[str]:
 def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     """Every method after paraphrase at equal cost, each key's kept paraphrases counted together (the cost stage,
     ``folder/cost``, on the sweep's seeds): one table per prompt and cost run on two keys or more."""
-    cost = _load(folder / "cost")
-    sweep = [
-        json.loads(path.read_text()) for path in sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
-    ]
+    cost, sweep = _load(folder / "cost"), _cost_evals(folder)
     if not cost or not sweep:
         return []
-    paired(cost, sweep, f"{shown}/cost")
-    costs = {run: c for results in sweep for run, c in _costs(results).items()}
-    return _pooled_keys(cost, costs, sweep[0]["config"]["new_tokens"], f"{shown}/cost")
+    return _pooled_keys(
+        cost, attack_costs(cost, sweep, f"{shown}/cost"), sweep[0]["config"]["new_tokens"], f"{shown}/cost"
+    )
 
 
-def _pooled_keys(attacks: dict, costs: dict[str, float], new_tokens: int, shown: str) -> list[str]:
+def _cost_evals(folder: Path) -> list[dict]:
+    """The evals the cost stage attacked: the sweep's kept seeds (which the first results attacked, and which a result
+    without ``eval_created`` is paired with), then those it kept in ``folder``/cost/evals, each a seed's eval run
+    again on another machine."""
+    paths = [*sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))]
+    paths += sorted((folder / "cost" / "evals").glob("s*/results.json"))
+    return [json.loads(path.read_text()) for path in paths]
+
+
+def _made(evals: Path) -> set[str]:
+    """When each eval kept in ``evals`` (a folder per seed) was written."""
+    return {json.loads(path.read_text())["created"] for path in evals.glob("s*/results.json")}
+
+
+def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: str) -> list[str]:
     """The table of :func:`paraphrase_baselines`: per method, its runs' mean own PPL change, the paraphrases and the
     kept ones, the kept flagged by each decision with an exact interval, and OpenStamp minus it (Newcombe)."""
-    groups: dict[tuple, list[dict]] = {}
-    for a in attacks.values():
+    groups: dict[tuple, list[tuple[str, dict]]] = {}  # (prompt, cost) -> [(name, attack results)]
+    for name, a in attacks.items():
         if a.get("attack") == "paraphrase" and _has_real(a) and _by_cost(a):
-            groups.setdefault((a["settings"].get("prompt", "paper"), a["settings"]["at_cost"]), []).append(a)
+            groups.setdefault((a["settings"].get("prompt", "paper"), a["settings"]["at_cost"]), []).append((name, a))
     lines = []
     for (prompt, at), group in sorted(groups.items()):
-        seeds = sorted({r["seed"] for a in group for r in a["runs"]})
+        seeds = sorted({r["seed"] for _, a in group for r in a["runs"]})
         pooled: dict[str, dict] = {}  # method -> paraphrased, costs, and per decision [flagged, kept]
-        for a in group:
+        for name, a in group:
             for run in a["runs"]:
                 entry = pooled.setdefault(run["method"], {"n": 0, "costs": [], "by": {}})
                 entry["n"] += a["quality"][run["generations"]]["n"]
-                entry["costs"] += [costs[run["run"]]] if run["run"] in costs else []
+                entry["costs"] += [costs[name][run["run"]]] if run["run"] in costs[name] else []
                 for decision, (hits, n) in _measures(run["real"]).items() if run["real"]["n"] else ():
                     tally(entry["by"], decision, hits, n)
         if len(seeds) < 2 or "openstamp" not in pooled:
@@ -367,8 +384,8 @@ def _pooled_keys(attacks: dict, costs: dict[str, float], new_tokens: int, shown:
             f"Every method after paraphrase at equal cost (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, "
             f"with `PARA_COST_SEED` for each further key; `{shown}/`): each method at the strength of the sweep's "
             f"grid whose own PPL change is nearest {at:+.0%}, on keys {'/'.join(f's{s}' for s in seeds)}; the first "
-            f"{group[0]['settings']['n']} completions per key ({new_tokens} new tokens) paraphrased by "
-            f"`{group[0]['settings']['paraphraser']}` with "
+            f"{group[0][1]['settings']['n']} completions per key ({new_tokens} new tokens) paraphrased by "
+            f"`{group[0][1]['settings']['paraphraser']}` with "
             f"{PROMPTS[prompt]}; near-copies left out, and every key's kept paraphrases counted together, so each "
             "interval is over texts and leaves out how much a rate moves with the key (RESULTS.md has each key). At "
             "p <= 0.01 holds at any length; at their lengths takes the threshold at 1% FPR of human text cut to each "
@@ -405,21 +422,26 @@ def tally(counts: dict, key: object, hits: int, n: int) -> None:
     cell[1] += n
 
 
-def paired(attacks: dict[str, dict], evals: list[dict], shown: str) -> None:
-    """Refuse to pair an attack with an eval other than the one it attacked. A result that names the eval it attacked
-    by its created time (``eval_created``; results written before it was kept do not) must find that eval among
-    ``evals`` for each of its seeds: an eval run again (on another CPU, another key and other text) shares its path
-    and seed, not its numbers."""
-    made = {seed: ev["created"] for ev in evals for seed in ev["config"]["seeds"]}
-    for name, attack in attacks.items():
-        wanted = attack.get("eval_created")
-        other = {made[r["seed"]] for r in attack["runs"] if r["seed"] in made} - {wanted}
-        if wanted is not None and other:
-            raise ValueError(
-                f"{shown}/{name}.json attacked the eval {attack['eval']} written {wanted}, but it is paired here with "
-                f"one written {min(other)}: keep the eval it attacked beside it (as durability_cost does), or run the "
-                "attack again"
-            )
+def eval_of(attack: dict, evals: list[dict], shown: str) -> dict:
+    """The eval among ``evals`` that ``attack`` (its results, ``shown`` as the README names the file) attacked: the one
+    written at its ``eval_created``, or, for results written before attacks kept it, the first that holds its seeds.
+    An eval run again (on another CPU: another key and other text) shares its path and seed, not its numbers, so a
+    result that names its eval is never paired with another."""
+    wanted, seeds = attack.get("eval_created"), {r["seed"] for r in attack["runs"]}
+    for ev in evals:
+        if ev["created"] == wanted if wanted else seeds <= set(ev["config"]["seeds"]):
+            return ev
+    raise ValueError(
+        f"{shown} attacked the eval {attack['eval']} "
+        + (f"written {wanted}" if wanted else f"of seeds {sorted(seeds)}")
+        + ", which is not among the evals kept beside it: keep the eval it attacked (as the at-cost stages do), or run "
+        "the attack again"
+    )
+
+
+def attack_costs(attacks: dict[str, dict], evals: list[dict], shown: str) -> dict[str, dict[str, float]]:
+    """Per attack (by name), each run's own perplexity change in the eval it attacked (:func:`eval_of`)."""
+    return {name: _costs(eval_of(a, evals, f"{shown}/{name}.json")) for name, a in attacks.items()}
 
 
 def _difference(ours: tuple[int, int], other: tuple[int, int]) -> tuple[float, float, float]:

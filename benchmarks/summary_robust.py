@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from summary_para import _difference, paired, tally
+from summary_para import _difference, eval_of, tally
 
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
 # created before it measured untied OpenStamp releases.
@@ -354,7 +354,8 @@ def robust_at_cost(
     evals = {r["run"]: (r, ev["config"]["n"]) for ev in sweeps for r in ev["runs"]}  # run -> (its results, n)
     if not results or not evals:
         return []
-    paired(results, sweeps, shown)
+    for name, res in results.items():  # each attacked the eval kept beside it (the run names below are the seeds')
+        eval_of(res, sweeps, f"{shown}/{name}.json")
     columns: dict[str, dict] = {}  # label -> {run: (metrics, n)}, each key's attack adding its runs
     for res in results.values():
         if res["attack"] == "edit":
