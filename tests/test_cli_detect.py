@@ -142,30 +142,14 @@ def test_calibrate_stores_thresholds_used_by_detect(release, corpus_file, tmp_pa
     assert not_calibrated.exit_code == 2 and "calibrated for alpha" in not_calibrated.output
 
 
+def _demo(tiny_model_dir, corpus_file, out, *extra):
+    settings = ["--model", str(tiny_model_dir), "--corpus", str(corpus_file), "--prompts", str(corpus_file)]
+    settings += ["--profile", "small", "--n", "2", "--prompt-tokens", "8", "--new-tokens", "24", "--quiet"]
+    return runner.invoke(app, ["demo", "--out", str(out), *settings, *extra])
+
+
 def test_demo_embeds_generates_and_detects(tiny_model_dir, corpus_file, tmp_path):
-    result = runner.invoke(
-        app,
-        [
-            "demo",
-            "--out",
-            str(tmp_path / "demo"),
-            "--model",
-            str(tiny_model_dir),
-            "--corpus",
-            str(corpus_file),
-            "--prompts",
-            str(corpus_file),
-            "--profile",
-            "small",
-            "--n",
-            "2",
-            "--prompt-tokens",
-            "8",
-            "--new-tokens",
-            "24",
-            "--quiet",
-        ],
-    )
+    result = _demo(tiny_model_dir, corpus_file, tmp_path / "demo")
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert len(record["samples"]) == 2
@@ -175,3 +159,18 @@ def test_demo_embeds_generates_and_detects(tiny_model_dir, corpus_file, tmp_path
     assert (tmp_path / "demo" / "model" / "config.json").exists() and (tmp_path / "demo" / "key" / "secret").exists()
     # the summary says what the false-positive rate means for a row of 2 unwatermarked texts: 1 - 0.99^2 = 2%
     assert "a row of 2 such texts has one flagged in about 2% of runs" in " ".join(result.output.split())
+
+
+def test_the_demo_repeats_with_its_secret_and_not_without(tiny_model_dir, corpus_file, tmp_path):
+    def run(name, *extra):
+        result = _demo(tiny_model_dir, corpus_file, tmp_path / name, *extra)
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / name / "demo.json").read_text())
+
+    first = run("first")
+    again = run("again", "--secret-file", str(tmp_path / "first" / "key" / "secret"))
+    other = run("other")
+    assert (first["settings"]["secret"], again["settings"]["secret"]) == ("random", "given")
+    assert again["settings"]["key_id"] == first["settings"]["key_id"] != other["settings"]["key_id"]
+    assert again["samples"] == first["samples"]  # the same texts, scores and p-values
+    assert other["samples"] != first["samples"]

@@ -23,13 +23,22 @@ def demo(
     prompt_tokens: int = typer.Option(32, help="tokens per prompt"),
     new_tokens: int = typer.Option(96, help="tokens sampled per completion"),
     seed: int = typer.Option(0, help="sampling seed (both models use the same one)"),
+    secret_file: Path | None = typer.Option(
+        None,
+        help="the key's secret (raw bytes or hex) instead of a new random one: another run with the same secret and "
+        "settings repeats this one's numbers",
+    ),
     cache_dir: Path | None = CacheOption,
     quiet: bool = typer.Option(False, help="no progress bars"),
 ) -> None:
-    """Embed a watermark, sample from the original and watermarked models, detect, and compare."""
+    """Embed a watermark, sample from the original and watermarked models, detect, and compare.
+
+    Each run draws a new random secret for its key, as ``embed`` does, so two runs flag the same texts with other
+    scores and p-values; ``--secret-file`` (for example a copy of ``runs/demo/key/secret``) repeats a run.
+    """
     from transformers import AutoModelForCausalLM
 
-    from openstamp.cli.embed import print_summary
+    from openstamp.cli.embed import print_summary, read_secret
     from openstamp.config import DetectConfig, load_profile
     from openstamp.corpus import load_documents, split_documents
     from openstamp.detect import Detector
@@ -40,6 +49,7 @@ def demo(
     from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
+    secret = read_secret(secret_file) if secret_file else None  # before the run replaces a key it may come from
     out_dir.mkdir(parents=True, exist_ok=True)
     console.rule("1. embed")
     result = run_embed(
@@ -51,8 +61,13 @@ def demo(
         cache_dir=cache_dir,
         overwrite=True,
         progress=not quiet,
+        secret=secret,
     )
     print_summary(result.key, result.model_dir, result.key_dir)
+    if secret is None:
+        console.print(
+            "a new random secret: another run gives other scores and p-values (--secret-file repeats this one)"
+        )
 
     console.rule("2. generate")
     tokenizer = result.tokenizer
@@ -92,6 +107,7 @@ def demo(
         "profile": profile,
         "new_tokens": new_tokens,
         "seed": seed,
+        "secret": "given" if secret else "random",
         "key_id": result.key.key_id,
     }
     atomic_write_json(out_dir / "demo.json", {"settings": settings, "samples": records})
