@@ -10,6 +10,7 @@ from conftest import make_model
 from test_attacks import CHAT_TEMPLATE
 from typer.testing import CliRunner
 
+from openstamp.attacks.common import open_eval
 from openstamp.attacks.instruct import (
     InstructConfig,
     build_offline_set,
@@ -93,7 +94,13 @@ def test_instruct_attack_end_to_end_and_cli(eval_dir, corpus_file, tmp_path):
     data = _write(tmp_path / "local.jsonl", ROWS * 2)
     args = ["attack", "instruct", "--eval", str(eval_dir), "--out", str(tmp_path / "i"), "--steps", "1"]
     small = ["--every", "1", "--n", "2", "--seq-len", "48", "--batch-size", "2", "--methods", "unremovable"]
-    result = runner.invoke(app, [*args, *small, "--data", str(data)])
+    result = runner.invoke(app, [*args, *small, "--data", str(data), "--at-cost", "0.3"])
     assert result.exit_code == 0, result.output
+    # at equal cost: the eval's run of unremovable whose own perplexity change is nearest +30%, named with its cost
+    chosen = json.loads((tmp_path / "i" / "results.json").read_text())
+    cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in open_eval(eval_dir).runs}
+    runs = sorted({r["run"] for r in chosen["runs"]})
+    assert chosen["settings"]["at_cost"] == 0.3 and len(runs) == 1
+    assert f"nearest +30% ({runs[0]} {cost[runs[0]]:+.1%})." in (eval_dir / "attacks" / "i.md").read_text()
     missing = runner.invoke(app, [*args, *small, "--data", str(tmp_path / "nope.jsonl")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
