@@ -33,8 +33,9 @@ def demo(
 ) -> None:
     """Embed a watermark, sample from the original and watermarked models, detect, and compare.
 
-    Each run draws a new random secret for its key, as ``embed`` does, so two runs flag the same texts with other
-    scores and p-values; ``--secret-file`` (for example a copy of ``runs/demo/key/secret``) repeats a run.
+    Each run draws a new random secret for its key, as ``embed`` does: another run releases another watermarked
+    model, so its watermarked samples and every score and p-value differ (the prompts, the original model's samples
+    and the human text do not). ``--secret-file`` (for example ``runs/demo/key/secret``) repeats a run.
     """
     from transformers import AutoModelForCausalLM
 
@@ -66,7 +67,8 @@ def demo(
     print_summary(result.key, result.model_dir, result.key_dir)
     if secret is None:
         console.print(
-            "a new random secret: another run gives other scores and p-values (--secret-file repeats this one)"
+            "a new random secret: another run gives other watermarked samples, scores and p-values (--secret-file "
+            "repeats this one)"
         )
 
     console.rule("2. generate")
