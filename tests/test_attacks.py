@@ -534,6 +534,15 @@ def test_attack_cli(eval_dir, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "cli-edit" / "settings.json").read_text())["delete"] == 0.5
+    # a trial run's section leaves the eval's report on request, with its images; the attack's folder stays
+    images = sorted((eval_dir / "attacks").glob("cli-edit_*.png"))
+    assert images and "cli-edit_" in (eval_dir / "report.md").read_text()
+    dropped = runner.invoke(app, ["report", str(eval_dir), "--drop-attack", "cli-edit"])
+    assert dropped.exit_code == 0, dropped.output
+    assert not any(p.exists() for p in images) and not (eval_dir / "attacks" / "cli-edit.md").exists()
+    assert "cli-edit_" not in (eval_dir / "report.md").read_text() and (tmp_path / "cli-edit" / "results.json").exists()
+    again = runner.invoke(app, ["report", str(eval_dir), "--drop-attack", "cli-edit"])
+    assert again.exit_code == 2 and "no attack section 'cli-edit'" in again.output
     bad = runner.invoke(app, ["attack", "edit", "--eval", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "openstamp eval" in bad.output
     bad = runner.invoke(

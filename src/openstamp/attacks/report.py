@@ -91,6 +91,20 @@ def publish(
     return out / "report.md"
 
 
+def drop_section(eval_dir: Path, name: str) -> None:
+    """Remove the section that an attack with ``--out .../<name>`` added to ``eval_dir``'s report (a trial run's),
+    with the PNGs it links; ``write_report`` then leaves it out. The attack's own folder is left alone."""
+    folder = eval_dir / "attacks"
+    section = folder / f"{name}.md"
+    if not section.is_file():
+        present = sorted(p.stem for p in folder.glob("*.md"))
+        raise ValueError(f"{eval_dir} has no attack section {name!r}; its sections: {', '.join(present) or 'none'}")
+    links = [line[line.index("(") + 1 : -1] for line in section.read_text().splitlines() if line.startswith("![")]
+    section.unlink()  # first: a report rendered now no longer links the images below
+    for link in links:
+        (eval_dir / link).unlink(missing_ok=True)
+
+
 # -- the before/after comparison shared by the text attacks ---------------------------------------
 
 COMPARED = tuple((m.label, m.name) for m in METRICS.values() if m.attack)  # results.json has more
