@@ -543,6 +543,8 @@ def test_attack_cli(eval_dir, tmp_path):
     assert "cli-edit_" not in (eval_dir / "report.md").read_text() and (tmp_path / "cli-edit" / "results.json").exists()
     again = runner.invoke(app, ["report", str(eval_dir), "--drop-attack", "cli-edit"])
     assert again.exit_code == 2 and "no attack section 'cli-edit'" in again.output
+    outside = runner.invoke(app, ["report", str(eval_dir), "--drop-attack", "../report"])
+    assert outside.exit_code == 2 and (eval_dir / "report.md").exists()
     bad = runner.invoke(app, ["attack", "edit", "--eval", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "openstamp eval" in bad.output
     bad = runner.invoke(

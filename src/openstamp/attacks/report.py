@@ -96,7 +96,7 @@ def drop_section(eval_dir: Path, name: str) -> None:
     with the PNGs it links; ``write_report`` then leaves it out. The attack's own folder is left alone."""
     folder = eval_dir / "attacks"
     section = folder / f"{name}.md"
-    if not section.is_file():
+    if Path(name).name != name or not section.is_file():  # a folder's name, not a path out of attacks/
         present = sorted(p.stem for p in folder.glob("*.md"))
         raise ValueError(f"{eval_dir} has no attack section {name!r}; its sections: {', '.join(present) or 'none'}")
     links = [line[line.index("(") + 1 : -1] for line in section.read_text().splitlines() if line.startswith("![")]
