@@ -46,12 +46,13 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
         out += paraphrase_detail(timed, f"{shown}/timed", lead, attack_costs(timed, [results], f"{shown}/timed")) + [""]
-    if (cost := _load(folder / "cost")) and (sweep := _cost_evals(folder)):
+    kept, rerun = _cost_evals(folder)
+    if (cost := _load(folder / "cost")) and (sweep := kept + rerun):
         costs = attack_costs(cost, sweep, f"{shown}/cost")
         cfg = sweep[0]["config"]
         at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
         evals = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
-        again = sorted(name for name, a in cost.items() if a.get("eval_created") in _made(folder / "cost" / "evals"))
+        again = sorted(name for name, a in cost.items() if a.get("eval_created") in {ev["created"] for ev in rerun})
         lead = (
             "At equal cost to the model (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, with "
             f"`PARA_COST_SEED` for another key; the sweep's evals {evals}, {cfg['n']} prompts of "
@@ -317,7 +318,7 @@ def _projection(runs: dict) -> list[str]:
 def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     """Every method after paraphrase at equal cost, each key's kept paraphrases counted together (the cost stage,
     ``folder/cost``, on the sweep's seeds): one table per prompt and cost run on two keys or more."""
-    cost, sweep = _load(folder / "cost"), _cost_evals(folder)
+    cost, sweep = _load(folder / "cost"), sum(_cost_evals(folder), [])
     if not cost or not sweep:
         return []
     return _pooled_keys(
@@ -325,18 +326,13 @@ def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     )
 
 
-def _cost_evals(folder: Path) -> list[dict]:
+def _cost_evals(folder: Path) -> tuple[list[dict], list[dict]]:
     """The evals the cost stage attacked: the sweep's kept seeds (which the first results attacked, and which a result
-    without ``eval_created`` is paired with), then those it kept in ``folder``/cost/evals, each a seed's eval run
+    without ``eval_created`` is paired with), and those it kept in ``folder``/cost/evals, each a seed's eval run
     again on another machine."""
-    paths = [*sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))]
-    paths += sorted((folder / "cost" / "evals").glob("s*/results.json"))
-    return [json.loads(path.read_text()) for path in paths]
-
-
-def _made(evals: Path) -> set[str]:
-    """When each eval kept in ``evals`` (a folder per seed) was written."""
-    return {json.loads(path.read_text())["created"] for path in evals.glob("s*/results.json")}
+    kept = sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
+    rerun = sorted((folder / "cost" / "evals").glob("s*/results.json"))
+    return [json.loads(p.read_text()) for p in kept], [json.loads(p.read_text()) for p in rerun]
 
 
 def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: str) -> list[str]:
