@@ -24,10 +24,10 @@ def report(
     from openstamp.evaluation.report import write_report
     from openstamp.storage import read_json
 
-    read_json(run_dir / "results.json", "results file")  # an eval run, before any section goes
+    results = read_json(run_dir / "results.json", "results file")  # an eval run, before any section goes
     for name in drop_attack:
         drop_section(run_dir, name)
         console.print(f"dropped the attack section {name!r}")
     path = write_report(run_dir)
-    print_summary(read_json(run_dir / "results.json", "results file"))
+    print_summary(results)
     console.print(f"report: [bold]{path}[/]")
