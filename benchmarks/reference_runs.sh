@@ -240,6 +240,13 @@ paraphrase_timed() {
   done
 }
 
+keep_eval() {
+  # an at-cost stage keeps the eval it attacked ($1) in $2, where the summary pairs each result with it by its created
+  # time: trained keys and sampled text depend on the CPU, so a seed run again on another machine is not the sweep's
+  # kept one
+  mkdir -p $2
+  cp $1/results.json $2/
+}
 paraphrase_cost() {
   # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's eval
   # of seed PARA_COST_SEED (default 0; run `sweep` first; 64 new tokens, 4 strengths per method), each method at the
@@ -259,10 +266,7 @@ paraphrase_cost() {
     cp runs/$name/results.json $K/$name.json
     cp $S/attacks/$name* $K/
   done
-  # the eval attacked, which the summary pairs each result with by its created time (the paper prompt's first keys
-  # attacked the sweep's kept seeds, which it reads too)
-  mkdir -p $K/evals/s$seed
-  cp $S/results.json $K/evals/s$seed/
+  keep_eval $S $K/evals/s$seed  # the paper prompt's first keys attacked the sweep's kept seeds, which it reads too
 }
 
 robust_cost() {
@@ -314,10 +318,7 @@ durability_cost() {
     $OPENSTAMP attack $attack --eval $S "${settings[@]}" --n 64 --at-cost $cost --methods $methods --out runs/$name
     cp runs/$name/results.json $K/$name.json
   done
-  # the eval attacked, which the summary reads beside them: trained keys and sampled text depend on the CPU, so a seed
-  # run again on another machine is not the sweep's kept one
-  mkdir -p $K/evals/s$seed
-  cp $S/results.json $K/evals/s$seed/
+  keep_eval $S $K/evals/s$seed
 }
 
 projection() {

@@ -343,9 +343,9 @@ def robust_at_cost(
     """The ``attacks`` (a group of :data:`AT_COST`) at equal cost (the robust_cost and durability_cost stages, one
     file per attack and key in ``results_root``/robust_cost; the evals they attacked, a folder per seed, give each
     run's own perplexity change and its clean detection): per run, its TPR@1%FPR [95% CI] and the rate at p <= 0.01
-    before and after each attack, then where OpenStamp is resolved above or below a baseline at p <= 0.01, each
-    method's keys pooled. Without ``per_key`` (the README), one row per method: its mean own PPL change and mean
-    TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
+    before and after each attack, then where OpenStamp is resolved above or below a baseline at p <= 0.01 and by
+    TPR@1%FPR (:func:`_verdicts`), each method's keys pooled. Without ``per_key`` (the README), one row per method:
+    its mean own PPL change and mean TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
     stage, variable, evals_in, what = AT_COST[attacks]
     folder, shown = results_root / "robust_cost", "benchmarks/results/robust_cost"
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
