@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 from summary_para import _difference, eval_of, tally
 
+from openstamp.evaluation.metrics import pooled_tpr_difference_ci
+from openstamp.evaluation.results import against
+
 # The commit that re-tied tied models' releases by default and made m exact (e33b98b): attacks and evals
 # created before it measured untied OpenStamp releases.
 RETIED_FROM = "2026-11-24T05:13:56+00:00"
@@ -380,7 +383,11 @@ def robust_at_cost(
     runs = sorted(
         dict.fromkeys(run for by in columns.values() for run in by), key=lambda r: (r.split("/")[-1], order[r])
     )
-    columns = {"none": {run: (evals[run][0]["metrics"], evals[run][1]) for run in runs}, **columns}
+    clean = {  # each run's own completions, their scores kept for the bootstrap of _verdicts
+        run: ({**evals[run][0]["metrics"], "scores": evals[run][0]["scores"]["watermarked"]}, evals[run][1])
+        for run in runs
+    }
+    columns = {"none": clean, **columns}
 
     def cell(entry: tuple | None) -> str:
         if entry is None:
@@ -398,6 +405,8 @@ def robust_at_cost(
     ]
     if not per_key:
         rows = _pooled_rows(runs, evals, columns)
+    human = {run: ev["scores"]["human"] for run, (ev, _) in evals.items()}
+    tpr_verdicts = _verdicts(columns, "tpr_at_1pct_fpr", human)
     at = sorted({r["settings"]["at_cost"] for r in results.values()})
     seeds = sorted({run.split("/")[-1] for run in runs})
     sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
@@ -426,32 +435,64 @@ def robust_at_cost(
         "",
         "OpenStamp against each baseline, each method's texts over its keys counted together (Newcombe's 95% interval "
         "for a difference of two rates; only the resolved ones are named). At p <= 0.01: "
-        + "; ".join(_verdicts(columns, "flagged_at_p_0.01"))
-        + ". By TPR@1%FPR, each text against its own key's threshold (the interval leaves out the threshold's own "
-        "error, from the eval's human continuations): " + "; ".join(_verdicts(columns, "tpr_at_1pct_fpr")) + ".",
+        + "; ".join(text for text, _ in _verdicts(columns, "flagged_at_p_0.01"))
+        + ". By TPR@1%FPR, each text against its own key's threshold ("
+        + _tpr_intervals({redrawn for _, redrawn in tpr_verdicts})
+        + "): "
+        + "; ".join(text for text, _ in tpr_verdicts)
+        + ".",
         "",
     ]
 
 
-def _verdicts(columns: dict[str, dict], metric: str) -> list[str]:
+def _tpr_intervals(redrawn: set[bool]) -> str:
+    """What the intervals of the TPR verdicts are, for columns whose threshold was redrawn (True) and others."""
+    how = []
+    if True in redrawn:
+        how.append(
+            "* marks a bootstrap interval that redraws each key's attacked texts and the eval's human continuations, "
+            "and with them the threshold"
+        )
+    if False in redrawn:
+        how.append(
+            f"{'unmarked' if True in redrawn else 'the interval'}: Newcombe's, over the texts alone, which leaves out "
+            "the threshold's own error, as not every key's results of those attacks keep per-text scores"
+        )
+    return "; ".join(how)
+
+
+def _verdicts(columns: dict[str, dict], metric: str, human: dict[str, list] | None = None) -> list[tuple[str, bool]]:
     """Per column of :func:`robust_at_cost`, where OpenStamp is resolved above or below a baseline by ``metric`` (a
     rate over texts: the rate at p <= 0.01, or TPR@1%FPR with each key's own threshold), each method's hits and texts
-    added over its keys."""
+    added over its keys. Newcombe's interval counts the texts alone; for TPR@1%FPR, where ``human`` gives each run's
+    human scores and every run of the column kept its texts' scores, the interval is a bootstrap that redraws the
+    human texts too, and with them the threshold (``pooled_tpr_difference_ci``). Each verdict comes with whether its
+    column was redrawn so."""
     verdicts = []
     for label, by in columns.items():
         pooled: dict[str, list[int]] = {}  # method -> [hits, texts] over its keys
+        runs: dict[str, list[tuple]] = {}  # method -> [(positives, negatives)] over its keys, for the bootstrap
         for run, (m, n) in by.items():
             if m.get(metric) is not None:
                 tally(pooled, run.split("@")[0], round(m[metric] * n), n)
+            if human is not None and m.get("scores") is not None:
+                values = {"watermarked": m["scores"], "human": human[run]}
+                runs.setdefault(run.split("@")[0], []).append(against(values))
         if "openstamp" not in pooled:
             continue
+        redraw = metric == "tpr_at_1pct_fpr" and sum(map(len, runs.values())) == len(by)
         ours = pooled.pop("openstamp")
         said = []
         for method, other in pooled.items():
-            gap, low, high = _difference(tuple(ours), tuple(other))
+            if redraw:
+                gap, low, high = pooled_tpr_difference_ci(runs["openstamp"], runs[method], 0.01)
+            else:
+                gap, low, high = _difference(tuple(ours), tuple(other))
             if low > 0 or high < 0:
                 said.append(f"{'above' if low > 0 else 'below'} {method} ({gap:+.3f} [{low:+.3f}, {high:+.3f}])")
-        verdicts.append(f"{label}: {', '.join(said) if said else 'resolved against none'}")
+        verdicts.append(
+            (f"{label}{'*' if redraw else ''}: {', '.join(said) if said else 'resolved against none'}", redraw)
+        )
     return verdicts
 
 

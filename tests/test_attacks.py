@@ -31,8 +31,9 @@ from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_r
 from openstamp.attacks.similarity import measure_quality, ngram_survival
 from openstamp.cli import app
 from openstamp.corpus import Document
-from openstamp.evaluation.metrics import clopper_pearson
+from openstamp.evaluation.metrics import clopper_pearson, tpr_at_fpr
 from openstamp.evaluation.report import write_report
+from openstamp.evaluation.results import against
 from openstamp.patch import head
 
 runner = CliRunner()
@@ -282,6 +283,12 @@ def test_finetune_attack_end_to_end_and_resume(eval_dir, corpus_file, tmp_path, 
     assert all(r["train_loss"] is not None for r in results["runs"] if r["step"] > 0)
     assert (out / "finetune_tpr.png").exists()
     assert "step 4" in _section_in_report(eval_dir, out)
+    # each row keeps its texts' scores: with the eval's human ones they give its TPR (a summary redraws both)
+    human = {r["run"]: r["scores"]["human"] for r in json.loads((eval_dir / "results.json").read_text())["runs"]}
+    for r in results["runs"]:
+        assert len(r["scores"]) == cfg.n
+        pos, neg = against({"watermarked": r["scores"], "human": human[r["run"]]})
+        assert tpr_at_fpr(pos, neg, 0.01)["tpr"] == r["tpr_at_1pct_fpr"]
     monkeypatch.setattr(finetune, "train", lambda *a, **k: pytest.fail("a finished attack was retrained"))
     again = run_finetune(eval_dir, out, cfg, progress=False)
     assert again["runs"] == results["runs"]

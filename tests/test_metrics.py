@@ -5,6 +5,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from openstamp.evaluation.metrics import (
     auroc,
     bootstrap_ci,
+    pooled_tpr_difference_ci,
     rate_difference_ci,
     seq_rep_n,
     threshold_at_fpr,
@@ -88,6 +89,50 @@ def test_tpr_bootstrap_interval_widens_with_the_keys_spread_and_is_exact_when_se
     assert width(spread) > 2 * width(same)
     assert tpr_at_fpr_ci([(np.full(50, 9.0), rng.normal(0, 1, 200))], 0.01) == (1.0, 1.0)
     assert all(np.isnan(tpr_at_fpr_ci([], 0.01)))
+
+
+def _pooled_gap_by_loop(ours, other, fpr, n_boot, seed):
+    """pooled_tpr_difference_ci's interval, one replicate at a time with tpr_at_fpr (slow, float64)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(runs):
+        hits = sum(
+            tpr_at_fpr(pos[rng.integers(0, len(pos), len(pos))], neg[rng.integers(0, len(neg), len(neg))], fpr)["tpr"]
+            * len(pos)
+            for pos, neg in runs
+        )
+        return hits / sum(len(pos) for pos, _ in runs)
+
+    gaps = [draw(ours) - draw(other) for _ in range(n_boot)]
+    return np.quantile(gaps, 0.025), np.quantile(gaps, 0.975)
+
+
+def test_pooled_tpr_difference_agrees_with_a_loop_and_pools_texts_over_keys():
+    rng = np.random.default_rng(6)
+    ours = [(rng.normal(s, 1, 64), rng.normal(0, 1, 200)) for s in (2.0, 2.6)]
+    other = [(rng.normal(s, 1, 64), rng.normal(0, 1, 200)) for s in (2.8, 3.0)]
+    gap, low, high = pooled_tpr_difference_ci(ours, other, 0.01, n_boot=2000, seed=1)
+    hits = lambda runs: sum(tpr_at_fpr(pos, neg, 0.01)["tpr"] * len(pos) for pos, neg in runs)  # noqa: E731
+    assert gap == pytest.approx((hits(ours) - hits(other)) / 128)
+    ref_low, ref_high = _pooled_gap_by_loop(ours, other, 0.01, n_boot=2000, seed=2)
+    assert low < gap < high
+    assert abs(low - ref_low) < 0.03 and abs(high - ref_high) < 0.03
+
+
+def test_pooled_tpr_difference_holds_the_thresholds_error_that_newcombe_leaves_out():
+    rng = np.random.default_rng(7)
+    ours_pos, other_pos = rng.normal(2.6, 1, 400), rng.normal(2.0, 1, 400)
+    fixed = np.zeros(200)  # every negative alike: the threshold cannot move, only the positives' draw counts
+    gap, low, high = pooled_tpr_difference_ci([(ours_pos, fixed)], [(other_pos, fixed)], 0.01, seed=3)
+    newcombe = rate_difference_ci(int(np.sum(ours_pos > 0)), 400, int(np.sum(other_pos > 0)), 400)
+    assert abs(low - newcombe[0]) < 0.01 and abs(high - newcombe[1]) < 0.01
+    spread = rng.normal(0, 1, 200)  # the 1% threshold rests on the two largest of 200 negatives
+    _, low, high = pooled_tpr_difference_ci([(ours_pos, spread)], [(other_pos, spread)], 0.01, seed=3)
+    hits = [int(np.sum(pos > tpr_at_fpr(pos, spread, 0.01)["threshold"])) for pos in (ours_pos, other_pos)]
+    narrow = rate_difference_ci(hits[0], 400, hits[1], 400)
+    assert high - low > 1.3 * (narrow[1] - narrow[0])
+    with pytest.raises(ValueError, match="positive and negative"):
+        pooled_tpr_difference_ci([(ours_pos, [])], [(other_pos, spread)], 0.01)
 
 
 @pytest.mark.parametrize(

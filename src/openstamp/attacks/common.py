@@ -195,16 +195,17 @@ DETECTION = (*(name for name, m in METRICS.items() if m.attack), "tpr_at_0.1pct_
 
 
 def attacked_metrics(attacked: list[dict], eval_scores: dict) -> dict:
-    """AUROC and TPR of attacked positives against the eval run's human (and unwatermarked) negatives."""
-    return detection_metrics(
-        {"watermarked": attacked, "human": eval_scores["human"], "unwatermarked": eval_scores["unwatermarked"]}
-    )
+    """AUROC and TPR of attacked positives against the eval run's human (and unwatermarked) negatives, and each
+    attacked text's score (``scores``, None where unscorable): with the eval's human scores, a summary can redraw
+    both, the threshold with them (``pooled_tpr_difference_ci``)."""
+    texts = {"watermarked": attacked, "human": eval_scores["human"], "unwatermarked": eval_scores["unwatermarked"]}
+    return {**detection_metrics(texts), "scores": [r["score"] for r in attacked]}
 
 
 def detection_fields(metrics: dict) -> dict:
     """What an attack's result row keeps of :func:`attacked_metrics`: each of ``DETECTION`` (None where absent: the
-    rate at p <= 0.01 of a detector without p-values) and TPR@1%FPR's interval."""
-    return {**{k: metrics.get(k) for k in DETECTION}, "tpr_at_1pct_fpr_ci": metrics["tpr_at_1pct_fpr_ci"]}
+    rate at p <= 0.01 of a detector without p-values), TPR@1%FPR's interval and the attacked texts' scores."""
+    return {**{k: metrics.get(k) for k in DETECTION}, **{k: metrics[k] for k in ("tpr_at_1pct_fpr_ci", "scores")}}
 
 
 def mean_score(records: list[dict]) -> float | None:

@@ -112,6 +112,39 @@ def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, see
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
 
+def pooled_tpr_difference_ci(
+    ours, other, fpr: float, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """The TPR at ``fpr`` of ``ours`` minus that of ``other``, each pooled over its keys, with a percentile bootstrap
+    interval: (gap, low, high). ``ours`` and ``other`` are lists of (positives, negatives), one per key.
+
+    A pooled TPR counts texts: ``sum_k hits_k / sum_k n_k``, where ``hits_k`` are key k's positives above its
+    threshold, chosen on its own negatives as :func:`tpr_at_fpr` does. Each replicate redraws, inside every key, its
+    positives and its negatives with replacement and re-chooses the threshold, so the interval holds the
+    threshold's own error as well as the positives'; an interval for two rates over texts alone (Newcombe's) leaves
+    the first out. The keys are not redrawn, and the two methods are drawn independently.
+    """
+    rng = np.random.default_rng(seed)
+
+    def pooled(runs) -> tuple[float, np.ndarray]:
+        hits, draws, total = 0, np.zeros(n_boot), 0
+        for positives, negatives in runs:
+            pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
+            if len(pos) == 0 or len(neg) == 0:
+                raise ValueError("each key needs positive and negative scores")
+            hits += int(np.sum(pos > threshold_at_fpr(neg, fpr)))
+            threshold = threshold_at_fpr(neg[rng.integers(0, len(neg), (n_boot, len(neg)))], fpr)
+            draws += np.sum(pos[rng.integers(0, len(pos), (n_boot, len(pos)))] > threshold[:, None], axis=1)
+            total += len(pos)
+        if not total:
+            raise ValueError("no keys to pool")
+        return hits / total, draws / total
+
+    (ours_rate, ours_draws), (other_rate, other_draws) = pooled(ours), pooled(other)
+    tail, gaps = (1 - level) / 2, ours_draws - other_draws
+    return ours_rate - other_rate, float(np.quantile(gaps, tail)), float(np.quantile(gaps, 1 - tail))
+
+
 def interval(stat: dict | None) -> tuple[float, float] | None:
     """A summary entry's ``ci`` (low, high) where it holds a finite one, else None."""
     ci = (stat or {}).get("ci")
