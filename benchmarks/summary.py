@@ -15,7 +15,7 @@ from pathlib import Path
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
 from summary_para import paraphrase64, paraphrase_baselines, projection_keys, projection_test
-from summary_robust import AT_COST, RETIED_FROM, durability, robust_at_cost, robustness
+from summary_robust import AT_COST, RETIED_FROM, durability, robust_at_cost, robustness, verdict_coverage
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
@@ -722,6 +722,8 @@ def render() -> str:
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     for attacks in AT_COST:
         out += robust_at_cost(RESULTS, attacks=attacks)
+    if (coverage := load("verdict_coverage")) is not None:
+        out += verdict_coverage(coverage)
     durable = RESULTS / "durability" / "results.json"
     if durable.exists():
         cfg = json.loads(durable.read_text())["config"]

@@ -384,7 +384,9 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
             f"`{group[0][1]['settings']['paraphraser']}` with "
             f"{PROMPTS[prompt]}; near-copies left out, and every key's kept paraphrases counted together, so each "
             "interval is over texts and leaves out how much a rate moves with the key (RESULTS.md has each key), "
-            "and at their lengths the threshold's own error (the cut human texts' scores are not kept). At "
+            "and at their lengths the threshold's own error (the cut human texts' scores are not kept; such an "
+            "interval calls equal methods different far more often than 5%: `benchmarks/verdict_coverage.py` in "
+            "RESULTS.md). At "
             "p <= 0.01 holds at any length; at their lengths takes the threshold at 1% FPR of human text cut to each "
             "paraphrase's length; the full-length threshold flatters methods that score a per-token mean, "
             "OpenStamp among them, on text as short as a paraphrase (RESULTS.md):",
