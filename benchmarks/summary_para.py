@@ -396,9 +396,9 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
             "|---|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            "Where OpenStamp is resolved above or below a baseline (the interval leaves out 0): "
-            + ("; ".join(said) if said else "nowhere")
-            + ".",
+            "Where OpenStamp is resolved above or below a baseline (the interval leaves out 0; at their lengths, "
+            "an interval without the threshold's own error, which calls equal methods different far more often than "
+            "5%): " + ("; ".join(said) if said else "nowhere") + ".",
             "",
         ]
     return lines

@@ -456,7 +456,8 @@ def _tpr_intervals(redrawn: set[bool]) -> str:
     if False in redrawn:
         how.append(
             f"{'unmarked' if True in redrawn else 'the interval'}: Newcombe's, over the texts alone, which leaves out "
-            "the threshold's own error, as not every key's results of those attacks keep per-text scores"
+            "the threshold's own error, as not every key's results of those attacks keep per-text scores; such an "
+            "interval calls equal methods different far more often than 5%, as `benchmarks/verdict_coverage.py` finds"
         )
     return "; ".join(how)
 
