@@ -407,6 +407,9 @@ def test_human_text_cut_to_the_paraphrases_lengths_splits_the_threshold_from_the
     assert matched["flagged_at_p_0.01"] == pytest.approx(0.03)
     assert matched["tpr_at_1pct_fpr"] == pytest.approx(2 / 3)  # the cut texts' threshold is 0.2: 0.5, 0.4 pass
     assert tuple(matched["tpr_at_1pct_fpr_ci"]) == pytest.approx(clopper_pearson(2, 3))
+    # the kept paraphrases' and the cut texts' scores are kept: they give the TPR at their lengths again
+    pos, neg = against({"watermarked": real["scores"], "human": matched["scores"]})
+    assert len(pos) == 3 and tpr_at_fpr(pos, neg, 0.01)["tpr"] == matched["tpr_at_1pct_fpr"]
     cut[:30] = [{"score": 0.45, "p_value": 0.5}] * 30  # now the cut texts' threshold (0.45) stops 0.4
     assert real_paraphrases(before, after, eval_scores, [0.1] * 3 + [0.95], 0.8, cut)["human_cut"][
         "tpr_at_1pct_fpr"

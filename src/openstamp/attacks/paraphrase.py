@@ -314,7 +314,8 @@ def real_paraphrases(
     (:func:`cut_to`), splits the gap between the two: ``human_cut.over_threshold`` is how many of them the TPR's
     threshold flags (the false-positive rate it really has at these lengths, 1% if length did not matter),
     ``human_cut.flagged_at_p_0.01`` how many the p-value flags, and ``human_cut.tpr_at_1pct_fpr`` the kept
-    paraphrases' TPR with the threshold chosen on the cut texts, at their lengths.
+    paraphrases' TPR with the threshold chosen on the cut texts, at their lengths. ``scores`` (the kept paraphrases')
+    and ``human_cut.scores`` keep each text's score, so that a summary can redraw both and the threshold with them.
     """
     keep = kept(survival, near_copy)
     if not keep:
@@ -331,6 +332,7 @@ def real_paraphrases(
         "mean_score_before": mean_score(was),
         "mean_score_after": mean_score(now),
         "flagged_at_p_0.01": metrics.get("flagged_at_p_0.01"),
+        "scores": metrics["scores"],  # the kept paraphrases', so that a summary can redraw them with the threshold
     }
     if human_cut is not None and (matched := _at_their_lengths(now, human_cut, eval_scores)) is not None:
         out["human_cut"] = matched
@@ -352,6 +354,7 @@ def _at_their_lengths(now: list[dict], human_cut: list[dict], eval_scores: dict)
         "flagged_at_p_0.01": matched.get("human_flagged_at_p_0.01"),
         "tpr_at_1pct_fpr": tpr,
         "tpr_at_1pct_fpr_ci": clopper_pearson(round(tpr * len(now)), len(now)),
+        "scores": [r["score"] for r in human_cut],  # the threshold's texts, to redraw with the paraphrases'
     }
 
 
