@@ -1,6 +1,6 @@
 """How often each interval of the at-cost TPR verdicts calls two equal methods different.
 
-    python benchmarks/verdict_coverage.py [--trials 400] [--keys 2] [--positives 64] [--negatives 200]
+    python benchmarks/verdict_coverage.py [--trials 300] [--keys 2] [--positives 64] [--negatives 200]
 
 The at-cost summaries say where OpenStamp is above or below a baseline by TPR@1%FPR, each method's texts pooled over
 its keys and each text judged against its own key's threshold, chosen on that key's human continuations. Newcombe's
@@ -37,7 +37,7 @@ def trial(rng, mus: tuple[float, float], keys: int, positives: int, negatives: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--keys", type=int, default=2)
     parser.add_argument("--positives", type=int, default=64, help="attacked texts a key")
     parser.add_argument("--negatives", type=int, default=200, help="human texts a key")

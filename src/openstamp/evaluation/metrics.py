@@ -85,6 +85,15 @@ def tpr_at_fpr(positives, negatives, fpr: float) -> dict:
     }
 
 
+def _redrawn_hits(positives: np.ndarray, negatives: np.ndarray, fpr: float, n_boot: int, rng) -> np.ndarray:
+    """Per bootstrap replicate (``n_boot``), how many of the positives, drawn again with replacement, score above the
+    threshold that :func:`tpr_at_fpr` chooses on the negatives, drawn again likewise: the texts' error and the
+    threshold's together."""
+    threshold = threshold_at_fpr(negatives[rng.integers(0, len(negatives), (n_boot, len(negatives)))], fpr)
+    draws = positives[rng.integers(0, len(positives), (n_boot, len(positives)))]
+    return np.sum(draws > threshold[:, None], axis=1)
+
+
 def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> tuple:
     """Percentile bootstrap interval of the mean TPR at ``fpr`` over ``runs``: a list of (positives, negatives).
 
@@ -103,9 +112,7 @@ def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, see
         pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
         if len(pos) == 0 or len(neg) == 0:
             return float("nan"), float("nan")
-        threshold = threshold_at_fpr(neg[rng.integers(0, len(neg), (n_boot * k, len(neg)))], fpr)
-        pos_draws = pos[rng.integers(0, len(pos), (n_boot * k, len(pos)))]
-        tprs[g] = np.mean(pos_draws > threshold[:, None], axis=1).reshape(n_boot, k)
+        tprs[g] = (_redrawn_hits(pos, neg, fpr, n_boot * k, rng) / len(pos)).reshape(n_boot, k)
     picks = rng.integers(0, k, (n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
     means = tprs[picks, np.arange(n_boot)[:, None], np.arange(k)[None, :]].mean(axis=1)
     tail = (1 - level) / 2
@@ -133,8 +140,7 @@ def pooled_tpr_difference_ci(
             if len(pos) == 0 or len(neg) == 0:
                 raise ValueError("each key needs positive and negative scores")
             hits += int(np.sum(pos > threshold_at_fpr(neg, fpr)))
-            threshold = threshold_at_fpr(neg[rng.integers(0, len(neg), (n_boot, len(neg)))], fpr)
-            draws += np.sum(pos[rng.integers(0, len(pos), (n_boot, len(pos)))] > threshold[:, None], axis=1)
+            draws += _redrawn_hits(pos, neg, fpr, n_boot, rng)
             total += len(pos)
         if not total:
             raise ValueError("no keys to pool")
