@@ -241,11 +241,11 @@ paraphrase_timed() {
 }
 
 keep_eval() {
-  # an at-cost stage keeps the eval it attacked ($1) in $2, where the summary pairs each result with it by its created
-  # time: trained keys and sampled text depend on the CPU, so a seed run again on another machine is not the sweep's
-  # kept one
-  mkdir -p $2
-  cp $1/results.json $2/
+  # an at-cost stage keeps the eval it attacked (runs/sweep-s$1) in benchmarks/results/sweep/rerun/s$1, one folder the
+  # at-cost stages share, where the summaries pair each result with it by its created time: trained keys and sampled
+  # text depend on the CPU, so a seed run again on another machine is not the sweep's kept one
+  mkdir -p benchmarks/results/sweep/rerun/s$1
+  cp runs/sweep-s$1/results.json benchmarks/results/sweep/rerun/s$1/
 }
 paraphrase_cost() {
   # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's eval
@@ -266,7 +266,7 @@ paraphrase_cost() {
     cp runs/$name/results.json $K/$name.json
     cp $S/attacks/$name* $K/
   done
-  keep_eval $S $K/evals/s$seed  # the paper prompt's first keys attacked the sweep's kept seeds, which it reads too
+  keep_eval $seed  # the paper prompt's first keys attacked the sweep's kept seeds, which it reads too
 }
 
 robust_cost() {
@@ -290,6 +290,7 @@ robust_cost() {
   $OPENSTAMP attack quantize --eval $S --scheme nf4,gguf-q4_k_m --head recipe --n 64 --at-cost $cost \
     --methods openstamp,openstamp-nosem,unremovable,gaussmark --out runs/$name
   cp runs/$name/results.json $K/$name.json
+  keep_eval $seed  # the first keys attacked the sweep's kept seeds, which the summary reads too
 }
 
 durability_cost() {
@@ -318,7 +319,7 @@ durability_cost() {
     $OPENSTAMP attack $attack --eval $S "${settings[@]}" --n 64 --at-cost $cost --methods $methods --out runs/$name
     cp runs/$name/results.json $K/$name.json
   done
-  keep_eval $S $K/evals/s$seed
+  keep_eval $seed
 }
 
 projection() {

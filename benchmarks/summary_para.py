@@ -8,12 +8,21 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import t as t_dist
 
-from openstamp.evaluation.metrics import clopper_pearson, rate_difference_ci
+from openstamp.evaluation.metrics import clopper_pearson, pooled_tpr_difference_ci, rate_difference_ci
+from openstamp.evaluation.results import against
 
 PROMPTS = {
     "paper": "the paper's prompt",
     "strong": "the strong prompt (the paper's, which also forbids copying more than three consecutive words)",
 }
+
+
+# where the at-cost stages keep the sweep's evals they attacked when a seed was run again on another machine
+RERUN = "benchmarks/results/sweep/rerun"
+REDRAWN = (
+    "; starred, at their lengths, a bootstrap that redraws each key's kept paraphrases and the human texts cut to "
+    "their lengths, and with them the threshold (`pooled_tpr_difference_ci`), where the runs kept those scores"
+)
 
 
 def paraphrase64(folder: Path, shown: str) -> list[str]:
@@ -46,7 +55,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"each method at its default strength; `{shown}/timed/`), whose length curve gives the note above"
         )
         out += paraphrase_detail(timed, f"{shown}/timed", lead, attack_costs(timed, [results], f"{shown}/timed")) + [""]
-    kept, rerun = _cost_evals(folder)
+    kept, rerun = at_cost_evals(folder.parent)
     if (cost := _load(folder / "cost")) and (sweep := kept + rerun):
         costs = attack_costs(cost, sweep, f"{shown}/cost")
         cfg = sweep[0]["config"]
@@ -60,7 +69,7 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
             f"whose own perplexity change is nearest {at}; `{shown}/cost/`"
             + (
                 f"; {', '.join(again)} attacked the sweep's eval of its seed run again on another machine, kept in "
-                f"`{shown}/cost/evals/`: another key and other text than the kept seed of that number"
+                f"`{RERUN}/`: another key and other text than the kept seed of that number"
                 if again
                 else ""
             )
@@ -267,6 +276,46 @@ def _measures(real: dict) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _runs_of(attack: dict, method: str) -> list[dict]:
+    return [r for r in attack["runs"] if r["method"] == method]
+
+
+def _starred(decision: str, redraw: tuple | None) -> str:
+    """A decision as a verdict names it: at their lengths, starred where its interval redraws the threshold."""
+    return f"{decision}*" if decision == "at their lengths" and redraw is not None else decision
+
+
+def _cut_scores(real: dict) -> tuple | None:
+    """A run's kept paraphrases' scores and those of the human texts cut to their lengths, as
+    ``pooled_tpr_difference_ci`` takes a key (an unscorable paraphrase a miss); None for results that did not keep
+    them (those written before f7a3d50)."""
+    cut = real.get("human_cut") or {}
+    if real.get("scores") is None or cut.get("scores") is None:
+        return None
+    return against({"watermarked": real["scores"], "human": cut["scores"]})
+
+
+def _gap(decision: str, ours: tuple[int, int], other: tuple[int, int], redraw: tuple | None) -> tuple:
+    """OpenStamp minus another method by ``decision``: (gap, low, high). At their lengths, where ``redraw`` gives
+    both methods' keys (:func:`_cut_scores`, a list each), a bootstrap that redraws each key's paraphrases and cut
+    human texts, and with them its threshold; otherwise Newcombe's interval over the texts."""
+    if decision == "at their lengths" and redraw is not None:
+        return pooled_tpr_difference_ci(*redraw, 0.01)
+    return _difference(ours, other)
+
+
+def _redrawn(runs: list[dict]) -> list[tuple] | None:
+    """:func:`_cut_scores` of each run with kept paraphrases, or None where any lacks them."""
+    keys = [_cut_scores(r["real"]) for r in runs if r["real"]["n"]]
+    return keys if keys and all(k is not None for k in keys) else None
+
+
+def _both(ours: list[dict], other: list[dict]) -> tuple | None:
+    """Both methods' keys for the bootstrap (:func:`_redrawn`), or None where either lacks them."""
+    pair = _redrawn(ours), _redrawn(other)
+    return pair if all(p is not None for p in pair) else None
+
+
 def _projection(runs: dict) -> list[str]:
     """OpenStamp against no projection, then against each baseline, near-copies excluded, per prompt: the
     difference with Newcombe's 95% interval, resolved where the interval leaves out 0; by the full-length threshold,
@@ -280,11 +329,16 @@ def _projection(runs: dict) -> list[str]:
         if _by_cost(a):  # one comparison per cost and key
             seeds = "/".join(f"s{seed}" for seed in sorted({r["seed"] for r in a["runs"]}))
             label += f" at {a['settings']['at_cost']:+.0%} own PPL, {seeds}"
-        gaps = {
-            m: {k: _difference(real["openstamp"][k], v) for k, v in r.items() if k in real["openstamp"]}
-            for m, r in real.items()
-            if m != "openstamp"
-        }
+        gaps = {}  # method -> decision (starred where redrawn) -> (gap, low, high)
+        for m, r in real.items():
+            if m == "openstamp":
+                continue
+            redraw = _both(_runs_of(a, "openstamp"), _runs_of(a, m))
+            gaps[m] = {
+                _starred(k, redraw): _gap(k, real["openstamp"][k], v, redraw)
+                for k, v in r.items()
+                if k in real["openstamp"]
+            }
         if "openstamp-nosem" in gaps:
             said = [f"{k} {_said(*gap)}".strip() for k, gap in gaps.pop("openstamp-nosem").items()]
             projection.append(f"{label}: " + ", ".join(said))
@@ -294,11 +348,11 @@ def _projection(runs: dict) -> list[str]:
                 for m, by in gaps.items()
             ]
             baselines.append(f"With the {label}: " + "; ".join(cells) + ".")
-    lines = []
+    lines, starred = [], REDRAWN if any("*" in line for line in projection + baselines) else ""
     if projection:
         lead = (
             "The projection's effect (OpenStamp minus no projection, near-copies excluded, Newcombe's 95% interval "
-            "for a difference of two rates): "
+            f"for a difference of two rates{starred}): "
         )
         lines += ["", lead + "; ".join(projection) + "."]
     if baselines:
@@ -308,8 +362,8 @@ def _projection(runs: dict) -> list[str]:
             else "each at its default strength (their costs differ: the own PPL column above, and the sweep)"
         )
         lead = (
-            f"OpenStamp minus each baseline, near-copies excluded, {strength}, with Newcombe's 95% interval; "
-            "'(resolved)' where it leaves out 0. "
+            f"OpenStamp minus each baseline, near-copies excluded, {strength}, with Newcombe's 95% interval"
+            f"{starred}; '(resolved)' where it leaves out 0. "
         )
         lines += ["", lead + " ".join(baselines)]
     return lines
@@ -318,7 +372,7 @@ def _projection(runs: dict) -> list[str]:
 def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     """Every method after paraphrase at equal cost, each key's kept paraphrases counted together (the cost stage,
     ``folder/cost``, on the sweep's seeds): one table per prompt and cost run on two keys or more."""
-    cost, sweep = _load(folder / "cost"), sum(_cost_evals(folder), [])
+    cost, sweep = _load(folder / "cost"), sum(at_cost_evals(folder.parent), [])
     if not cost or not sweep:
         return []
     return _pooled_keys(
@@ -326,18 +380,19 @@ def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
     )
 
 
-def _cost_evals(folder: Path) -> tuple[list[dict], list[dict]]:
-    """The evals the cost stage attacked: the sweep's kept seeds (which the first results attacked, and which a result
-    without ``eval_created`` is paired with), and those it kept in ``folder``/cost/evals, each a seed's eval run
-    again on another machine."""
-    kept = sorted((folder.parent / "sweep" / "seeds").glob("s*/results.json"))
-    rerun = sorted((folder / "cost" / "evals").glob("s*/results.json"))
+def at_cost_evals(results_root: Path) -> tuple[list[dict], list[dict]]:
+    """The evals the at-cost stages attacked (``results_root``: benchmarks/results): the sweep's kept seeds (which the
+    first results attacked, and which a result without ``eval_created`` is paired with), and those the stages kept in
+    sweep/rerun (:data:`RERUN`), each a seed's eval run again on another machine."""
+    kept = sorted((results_root / "sweep" / "seeds").glob("s*/results.json"))
+    rerun = sorted((results_root / "sweep" / "rerun").glob("s*/results.json"))
     return [json.loads(p.read_text()) for p in kept], [json.loads(p.read_text()) for p in rerun]
 
 
 def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: str) -> list[str]:
     """The table of :func:`paraphrase_baselines`: per method, its runs' mean own PPL change, the paraphrases and the
-    kept ones, the kept flagged by each decision with an exact interval, and OpenStamp minus it (Newcombe)."""
+    kept ones, the kept flagged by each decision with an exact interval, and OpenStamp minus it (Newcombe's interval,
+    or at their lengths the bootstrap of :func:`_gap` where every key of both kept the scores)."""
     groups: dict[tuple, list[tuple[str, dict]]] = {}  # (prompt, cost) -> [(name, attack results)]
     for name, a in attacks.items():
         if a.get("attack") == "paraphrase" and _has_real(a) and _by_cost(a):
@@ -348,7 +403,8 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
         pooled: dict[str, dict] = {}  # method -> paraphrased, costs, and per decision [flagged, kept]
         for name, a in group:
             for run in a["runs"]:
-                entry = pooled.setdefault(run["method"], {"n": 0, "costs": [], "by": {}})
+                entry = pooled.setdefault(run["method"], {"n": 0, "costs": [], "by": {}, "runs": []})
+                entry["runs"].append(run)
                 entry["n"] += a["quality"][run["generations"]]["n"]
                 entry["costs"] += [costs[name][run["run"]]] if run["run"] in costs[name] else []
                 for decision, (hits, n) in _measures(run["real"]).items() if run["real"]["n"] else ():
@@ -356,6 +412,7 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
         if len(seeds) < 2 or "openstamp" not in pooled:
             continue
         ours = pooled["openstamp"]["by"]
+        everywhere = _redrawn([run for _, a in group for run in a["runs"]]) is not None
         rows, verdicts = [], {}  # above/below -> method -> the decisions that resolve it
         for m, entry in pooled.items():
             by = entry["by"]
@@ -366,10 +423,12 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
                 if m == "openstamp" or k not in by or k not in ours:
                     gaps.append("-")
                     continue
-                gap = _difference(ours[k], by[k])
-                gaps.append(_said(*gap, plain=True))
+                redraw = _both(pooled["openstamp"]["runs"], entry["runs"])
+                gap = _gap(k, ours[k], by[k], redraw)
+                gaps.append(_said(*gap, plain=True, mark="*" if _starred(k, redraw) != k else ""))
                 if gap[1] > 0 or gap[2] < 0:
-                    verdicts.setdefault("above" if gap[1] > 0 else "below", {}).setdefault(m, []).append(k)
+                    where = verdicts.setdefault("above" if gap[1] > 0 else "below", {})
+                    where.setdefault(m, []).append(_starred(k, redraw))
             ppl = f"{np.mean(entry['costs']):+.1%}" if entry["costs"] else "-"
             rows.append(f"| {m} | {ppl} | {kept} of {entry['n']} | " + " | ".join(cells + gaps) + " |")
         said = [
@@ -383,10 +442,16 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
             f"{group[0][1]['settings']['n']} completions per key ({new_tokens} new tokens) paraphrased by "
             f"`{group[0][1]['settings']['paraphraser']}` with "
             f"{PROMPTS[prompt]}; near-copies left out, and every key's kept paraphrases counted together, so each "
-            "interval is over texts and leaves out how much a rate moves with the key (RESULTS.md has each key), "
-            "and at their lengths the threshold's own error (the cut human texts' scores are not kept; such an "
-            "interval calls equal methods different far more often than 5%: `benchmarks/verdict_coverage.py` in "
-            "RESULTS.md). At "
+            "interval is over texts and leaves out how much a rate moves with the key (RESULTS.md has each key)"
+            + (
+                "; at their lengths (starred) each interval of a difference is a bootstrap that redraws each key's "
+                "kept paraphrases and its cut human texts, and with them its threshold (`pooled_tpr_difference_ci`)"
+                if everywhere
+                else ", and at their lengths the threshold's own error where a run did not keep the scores to redraw "
+                "it (unstarred; such an interval calls equal methods different far more often than 5%: "
+                "`benchmarks/verdict_coverage.py` in RESULTS.md)"
+            )
+            + ". At "
             "p <= 0.01 holds at any length; at their lengths takes the threshold at 1% FPR of human text cut to each "
             "paraphrase's length; the full-length threshold flatters methods that score a per-token mean, "
             "OpenStamp among them, on text as short as a paraphrase (RESULTS.md):",
@@ -396,9 +461,16 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
             "|---|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            "Where OpenStamp is resolved above or below a baseline (the interval leaves out 0; at their lengths, "
-            "an interval without the threshold's own error, which calls equal methods different far more often than "
-            "5%): " + ("; ".join(said) if said else "nowhere") + ".",
+            "Where OpenStamp is resolved above or below a baseline (the interval leaves out 0"
+            + (
+                ""
+                if everywhere
+                else "; at their lengths unstarred, an interval without the threshold's own error, which calls equal "
+                "methods different far more often than 5%"
+            )
+            + "): "
+            + ("; ".join(said) if said else "nowhere")
+            + ".",
             "",
         ]
     return lines
@@ -449,13 +521,14 @@ def _difference(ours: tuple[int, int], other: tuple[int, int]) -> tuple[float, f
     return ours[0] / ours[1] - other[0] / other[1], low, high
 
 
-def _said(gap: float, low: float, high: float, plain: bool = False) -> str:
-    """A difference as the summary writes it; OpenStamp minus no projection says what the projection does."""
+def _said(gap: float, low: float, high: float, plain: bool = False, mark: str = "") -> str:
+    """A difference as the summary writes it (``mark`` after the gap); OpenStamp minus no projection says what the
+    projection does."""
     resolved = low > 0 or high < 0
     if plain:
-        return f"{gap:+.3f} [{low:+.3f}, {high:+.3f}]{' (resolved)' if resolved else ''}"
+        return f"{gap:+.3f}{mark} [{low:+.3f}, {high:+.3f}]{' (resolved)' if resolved else ''}"
     word = "the projection helps" if low > 0 else "the projection hurts" if high < 0 else "not resolved"
-    return f"{gap:+.3f} [{low:+.3f}, {high:+.3f}] ({word})"
+    return f"{gap:+.3f}{mark} [{low:+.3f}, {high:+.3f}] ({word})"
 
 
 def _has_real(a: dict) -> bool:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from summary_para import _difference, eval_of, tally
+from summary_para import RERUN, _difference, at_cost_evals, eval_of, tally
 
 from openstamp.evaluation.metrics import pooled_tpr_difference_ci
 from openstamp.evaluation.results import against
@@ -316,12 +316,11 @@ def durability(folder: Path, source: str) -> list[str]:
 
 
 # the attacks at equal cost, a table for each group: the reference stages that run them, its variable for the key,
-# the folder (under benchmarks/results) of the evals they attacked, and what the attacks do
+# and what the attacks do
 AT_COST = {
     ("edit", "quantize"): (
         "sweep robust_cost",
         "ROBUST_COST_SEED",
-        "sweep/seeds",
         "Token edits re-score every completion; a quantized release completes the first prompts anew (decode-time "
         "methods are left out: quantizing the model leaves their processor alone). Deletions shorten the text, and "
         "the full-length threshold flatters a per-token-mean score on shorter text; the rate at p <= 0.01 holds at "
@@ -330,10 +329,7 @@ AT_COST = {
     ("merge", "prune", "finetune"): (
         "sweep_eval durability_cost",
         "DURABILITY_COST_SEED",
-        "robust_cost/evals",
-        "Each seed's eval is the sweep's, run again on the machine that attacked it and kept under "
-        "`benchmarks/results/robust_cost/evals/`: trained keys and sampled text depend on the CPU, so it is not the "
-        "kept seed of the sweep. A release merged linearly with the base (t is the base's weight), pruned with Wanda "
+        "A release merged linearly with the base (t is the base's weight), pruned with Wanda "
         "in every linear layer of its blocks, or fine-tuned with LoRA on wikipedia completes the first prompts anew "
         "(decode-time methods are left out: their mark is not in the weights); '-' where a key was not attacked.",
     ),
@@ -349,16 +345,23 @@ def robust_at_cost(
     before and after each attack, then where OpenStamp is resolved above or below a baseline at p <= 0.01 and by
     TPR@1%FPR (:func:`_verdicts`), each method's keys pooled. Without ``per_key`` (the README), one row per method:
     its mean own PPL change and mean TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
-    stage, variable, evals_in, what = AT_COST[attacks]
+    stage, variable, what = AT_COST[attacks]
     folder, shown = results_root / "robust_cost", "benchmarks/results/robust_cost"
     results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     results = {name: res for name, res in results.items() if res["attack"] in attacks}
-    sweeps = [json.loads(path.read_text()) for path in sorted((results_root / evals_in).glob("s*/results.json"))]
-    evals = {r["run"]: (r, ev["config"]["n"]) for ev in sweeps for r in ev["runs"]}  # run -> (its results, n)
-    if not results or not evals:
+    kept, rerun = at_cost_evals(results_root)
+    if not results or not kept + rerun:
         return []
-    for name, res in results.items():  # each attacked the eval kept beside it (the run names below are the seeds')
-        eval_of(res, sweeps, f"{shown}/{name}.json")
+    attacked = {name: eval_of(res, kept + rerun, f"{shown}/{name}.json") for name, res in results.items()}
+    evals = _attacked_runs(attacked, shown)
+    sweeps = list({ev["created"]: ev for ev in attacked.values()}.values())
+    again = sorted(name for name, ev in attacked.items() if any(ev is r for r in rerun))
+    if again:
+        which = "Each seed's eval is" if len(again) == len(results) else f"{', '.join(again)} attacked"
+        what = (
+            f"{which} the sweep's, run again on the machine that attacked it and kept under `{RERUN}/`: trained keys "
+            f"and sampled text depend on the CPU, so it is not the sweep's kept seed of that number. {what}"
+        )
     columns: dict[str, dict] = {}  # label -> {run: (metrics, n)}, each key's attack adding its runs
     for res in results.values():
         if res["attack"] == "edit":
@@ -443,6 +446,22 @@ def robust_at_cost(
         + ".",
         "",
     ]
+
+
+def _attacked_runs(attacked: dict[str, dict], shown: str) -> dict[str, tuple[dict, int]]:
+    """Each run of the evals that the results attacked (``attacked``: result name -> its eval), as (its results, the
+    eval's n); a run of one name in two evals (one seed run on two machines) would pair texts of two keys."""
+    runs: dict[str, tuple[dict, int]] = {}
+    made: dict[str, str] = {}  # run -> the created time of the eval that holds it
+    for name, ev in attacked.items():
+        for r in ev["runs"]:
+            if made.setdefault(r["run"], ev["created"]) != ev["created"]:
+                raise ValueError(
+                    f"{shown}/{name}.json attacked the eval of {r['run']} written {ev['created']}, and another result "
+                    f"beside it the one written {made[r['run']]}: run them again on one eval"
+                )
+            runs[r["run"]] = r, ev["config"]["n"]
+    return runs
 
 
 def _tpr_intervals(redrawn: set[bool]) -> str:
