@@ -608,10 +608,16 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         verdicts.append(verdict)
         most.append(f"{gap[2]:+.3f} TPR ({at_p[2]:+.3f} at p <= 0.01{at_length}) with the {prompt} prompt")
     lead = (
-        "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR, Newcombe's 95% interval "
-        "for a difference of two rates, over the pooled texts; 'not resolved' where it holds 0): on clean text "
+        "The projection's effect at this cost (OpenStamp minus no projection, TPR@1%FPR; 'not resolved' where the "
+        "interval holds 0): on clean text, with a bootstrap that redraws each seed's completions and human "
+        "continuations, and with them its threshold (`pooled_tpr_difference_ci`), "
     )
-    clean_gap = _said(*_pooled_difference(clean, "n"))
+    seeds = {m: [against(r["scores"]) for r in ev["runs"] if r["method"] == m] for m in both}
+    clean_gap = _said(*pooled_tpr_difference_ci(seeds["openstamp"], seeds["openstamp-nosem"], 0.01))
+    lead_after = (
+        "; after paraphrase, with Newcombe's 95% interval for a difference of two rates over the pooled texts (these "
+        "results keep no per-text scores to redraw the threshold; at p <= 0.01 there is none to redraw), "
+    )
     upshot = f"By these intervals, the most the projection buys after paraphrase is {' and '.join(most)}."
     if lengths:
         upshot += (
@@ -623,7 +629,7 @@ def projection_test(folder: Path, shown: str) -> list[str]:
                 " At these lengths the full-length threshold flags more than 1% of human text, so the TPR after "
                 "paraphrase at it is not a rate at 1% FPR; the columns 'at p <= 0.01' and 'at their lengths' are."
             )
-    return rows + ["", lead + clean_gap + "; after paraphrase, " + "; ".join(verdicts) + ". " + upshot, ""]
+    return rows + ["", lead + clean_gap + lead_after + "; ".join(verdicts) + ". " + upshot, ""]
 
 
 def _pooled_difference(pooled: dict, n: str, hits: str = "hits") -> tuple[float, float, float]:
