@@ -418,12 +418,11 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
             by = entry["by"]
             kept = by[""][1] if "" in by else 0
             cells = [_rate(*by[k]) if k in by else "-" for k in ("at p <= 0.01", "at their lengths", "")]
-            gaps = []
+            gaps, redraw = [], _both(pooled["openstamp"]["runs"], entry["runs"])
             for k in ("at p <= 0.01", "at their lengths"):
                 if m == "openstamp" or k not in by or k not in ours:
                     gaps.append("-")
                     continue
-                redraw = _both(pooled["openstamp"]["runs"], entry["runs"])
                 gap = _gap(k, ours[k], by[k], redraw)
                 gaps.append(_said(*gap, plain=True, mark="*" if _starred(k, redraw) != k else ""))
                 if gap[1] > 0 or gap[2] < 0:
@@ -612,8 +611,8 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         "interval holds 0): on clean text, with a bootstrap that redraws each seed's completions and human "
         "continuations, and with them its threshold (`pooled_tpr_difference_ci`), "
     )
-    seeds = {m: [against(r["scores"]) for r in ev["runs"] if r["method"] == m] for m in both}
-    clean_gap = _said(*pooled_tpr_difference_ci(seeds["openstamp"], seeds["openstamp-nosem"], 0.01))
+    keys = {m: [against(r["scores"]) for r in ev["runs"] if r["method"] == m] for m in both}
+    clean_gap = _said(*pooled_tpr_difference_ci(keys["openstamp"], keys["openstamp-nosem"], 0.01))
     lead_after = (
         "; after paraphrase, with Newcombe's 95% interval for a difference of two rates over the pooled texts (these "
         "results keep no per-text scores to redraw the threshold; at p <= 0.01 there is none to redraw), "
