@@ -354,7 +354,6 @@ def robust_at_cost(
         return []
     attacked = {name: eval_of(res, kept + rerun, f"{shown}/{name}.json") for name, res in results.items()}
     evals = _attacked_runs(attacked, shown)
-    sweeps = list({ev["created"]: ev for ev in attacked.values()}.values())
     again = sorted(name for name, ev in attacked.items() if any(ev is r for r in rerun))
     if again:
         which = "Each seed's eval is" if len(again) == len(results) else f"{', '.join(again)} attacked"
@@ -411,12 +410,13 @@ def robust_at_cost(
     human = {run: ev["scores"]["human"] for run, (ev, _) in evals.items()}
     tpr_verdicts = _verdicts(columns, "tpr_at_1pct_fpr", human)
     at = sorted({r["settings"]["at_cost"] for r in results.values()})
+    new_tokens = next(iter(attacked.values()))["config"]["new_tokens"]
     seeds = sorted({run.split("/")[-1] for run in runs})
     sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
     return [
         f"Robustness at equal cost (`bash benchmarks/reference_runs.sh {stage}`, with `{variable}` for each "
         f"further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
-        f"{sizes['none'][0]} prompts, {sweeps[0]['config']['new_tokens']} new tokens), each method at the strength "
+        f"{sizes['none'][0]} prompts, {new_tokens} new tokens), each method at the strength "
         f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
         f"default comparison's robustness tables are saturated. {what} Each cell: "
         + (
