@@ -3,13 +3,13 @@ the README shows (the Pareto sweep, its length curve, the strength `tune` choose
 
 python benchmarks/summary.py            # print every measurement
 python benchmarks/summary.py --readme   # and write RESULTS.md, and the headline into README.md between its markers
+python benchmarks/summary.py --check    # exit 1 if RESULTS.md or README.md differ from what the results render
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from summary_analysis import analyses
@@ -805,25 +805,39 @@ section "Measured on this machine".
 """
 
 
-def write_page(text: str) -> None:
-    """Write every measurement into RESULTS.md (atomically)."""
-    from openstamp.storage import atomic_write_text
-
-    atomic_write_text(RESULTS_PAGE, PAGE_HEAD + text)
-    print(f"wrote {RESULTS_PAGE}")
+def page(text: str) -> str:
+    """RESULTS.md as it should read."""
+    return PAGE_HEAD + text
 
 
-def write_readme(text: str) -> None:
-    """Replace what stands between the results markers in README.md (atomically)."""
+def readme_with(text: str) -> str:
+    """README.md with `text` between its results markers."""
     readme = README.read_text(encoding="utf-8")
     if readme.count(START) != 1 or readme.count(END) != 1:
         raise SystemExit(f"README.md needs exactly one {START} and one {END}")
     head, rest = readme.split(START)
     tail = rest.split(END)[1]
-    tmp = README.with_name(".README.md.tmp")
-    tmp.write_text(f"{head}{START}\n{text}{END}{tail}", encoding="utf-8")
-    os.replace(tmp, README)
+    return f"{head}{START}\n{text}{END}{tail}"
+
+
+def write_pages(text: str, head: str) -> None:
+    """Write every measurement into RESULTS.md and the headline into README.md, each atomically."""
+    from openstamp.storage import atomic_write_text
+
+    atomic_write_text(RESULTS_PAGE, page(text))
+    print(f"wrote {RESULTS_PAGE}")
+    atomic_write_text(README, readme_with(head))
     print(f"wrote the results into {README}")
+
+
+def stale_pages(text: str, head: str) -> list[str]:
+    """The pages whose text differs from what the results in benchmarks/results/ render."""
+    stale = []
+    if not RESULTS_PAGE.exists() or RESULTS_PAGE.read_text(encoding="utf-8") != page(text):
+        stale.append(RESULTS_PAGE.name)
+    if README.read_text(encoding="utf-8") != readme_with(head):
+        stale.append(README.name)
+    return stale
 
 
 def main() -> None:
@@ -831,12 +845,24 @@ def main() -> None:
     parser.add_argument(
         "--readme", action="store_true", help="also write RESULTS.md, and the headline results into README.md"
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print nothing; exit 1 if RESULTS.md or README.md's results differ from what benchmarks/results/ renders",
+    )
     args = parser.parse_args()
     text = render()
+    if args.check:
+        stale = stale_pages(text, headline())
+        if stale:
+            pages = " and ".join(stale)
+            fix = "python benchmarks/summary.py --readme"
+            raise SystemExit(f"{pages} differ from what benchmarks/results/ renders; to render them: {fix}")
+        print("RESULTS.md and README.md's results match benchmarks/results/")
+        return
     print(text)
     if args.readme:
-        write_page(text)
-        write_readme(headline())
+        write_pages(text, headline())
 
 
 if __name__ == "__main__":
