@@ -55,6 +55,9 @@ def setup_logging(quiet: bool = False) -> None:
     )
     for noisy in ("httpx", "urllib3", "sentence_transformers", "transformers", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # bitsandbytes' CPU backend warns, whenever anything imports it on a CPU with AVX512-BF16, that it cannot fetch an
+    # optional kernel from the hub ("kernels-community"); it falls back to its own. That module warns of nothing else
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
