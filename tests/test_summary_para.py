@@ -1,0 +1,74 @@
+"""The paraphrase summary's verdicts (benchmarks/summary_para.py): which intervals redraw the threshold, and which
+fall back to Newcombe's interval over texts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openstamp.evaluation.metrics import rate_difference_ci
+
+
+@pytest.fixture
+def para(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    import summary_para
+
+    return summary_para
+
+
+def run(method: str, paraphrases, human, kept_scores: bool = True) -> dict:
+    """One key's paraphrase run as the attack writes it: the kept paraphrases' scores, and the human texts cut to
+    their lengths."""
+    paraphrases, human = np.asarray(paraphrases, dtype=float), np.asarray(human, dtype=float)
+    threshold = np.quantile(human, 0.99)
+    real = {
+        "n": len(paraphrases),
+        "tpr_at_1pct_fpr_after": float(np.mean(paraphrases > threshold)),
+        "human_cut": {"tpr_at_1pct_fpr": float(np.mean(paraphrases > threshold))},
+    }
+    if kept_scores:
+        real["scores"] = paraphrases.tolist()
+        real["human_cut"]["scores"] = human.tolist()
+    return {"method": method, "real": real}
+
+
+def keys(method: str, shift: float, kept_scores: bool = True, n_keys: int = 3) -> list[dict]:
+    rng = np.random.default_rng(len(method))
+    return [run(method, rng.normal(shift, 1, 64), rng.normal(0, 1, 200), kept_scores) for _ in range(n_keys)]
+
+
+def test_verdict_redraws_the_threshold_only_where_every_key_kept_its_scores(para):
+    ours, other = keys("openstamp", 3.0), keys("kgw", 0.5)
+    redraw = para._both(ours, other)
+    assert redraw is not None and len(redraw[0]) == len(redraw[1]) == 3
+    assert para._starred("at their lengths", redraw) == "at their lengths*"
+    assert para._starred("at p <= 0.01", redraw) == "at p <= 0.01"
+    gap, low, high = para._gap("at their lengths", (0, 1), (0, 1), redraw)
+    assert low > 0 and low <= gap <= high  # a shift of 2.5 standard deviations is resolved
+
+    older = ours[:2] + keys("openstamp", 3.0, kept_scores=False, n_keys=1)
+    assert para._both(older, other) is None
+    assert para._starred("at their lengths", None) == "at their lengths"
+    counts = (150, 192), (40, 192)
+    gap, low, high = para._gap("at their lengths", *counts, None)
+    assert (low, high) == rate_difference_ci(*counts[0], *counts[1])
+    assert gap == pytest.approx(150 / 192 - 40 / 192)
+
+
+def test_redrawn_skips_keys_without_kept_paraphrases(para):
+    ours = keys("openstamp", 3.0)
+    ours[1]["real"]["n"] = 0  # every paraphrase of this key was a near-copy
+    assert len(para._redrawn(ours)) == 2
+    for r in ours:
+        r["real"]["n"] = 0
+    assert para._redrawn(ours) is None
+
+
+def test_said_names_the_projections_effect(para):
+    assert para._said(0.1, 0.02, 0.2).endswith("(the projection helps)")
+    assert para._said(-0.1, -0.2, -0.01).endswith("(the projection hurts)")
+    assert para._said(0.1, -0.02, 0.2).endswith("(not resolved)")
+    assert para._said(-0.1, -0.2, -0.01, plain=True, mark="*") == "-0.100* [-0.200, -0.010] (resolved)"
