@@ -315,8 +315,9 @@ def durability(folder: Path, source: str) -> list[str]:
     return out
 
 
-# the attacks at equal cost, a table for each group: the reference stages that run them, its variable for the key,
-# and what the attacks do
+# the attacks at equal cost, a table for each group and cost: the reference stages that run them, its variable for
+# the key (without _SEED, the one for the cost, whose default is AT_COST_DEFAULT), and what the attacks do
+AT_COST_DEFAULT = 0.3
 AT_COST = {
     ("edit", "quantize"): (
         "sweep robust_cost",
@@ -340,15 +341,29 @@ def robust_at_cost(
     results_root: Path, per_key: bool = True, attacks: tuple[str, ...] = ("edit", "quantize")
 ) -> list[str]:
     """The ``attacks`` (a group of :data:`AT_COST`) at equal cost (the robust_cost and durability_cost stages, one
-    file per attack and key in ``results_root``/robust_cost; the evals they attacked, a folder per seed, give each
-    run's own perplexity change and its clean detection): per run, its TPR@1%FPR [95% CI] and the rate at p <= 0.01
-    before and after each attack, then where OpenStamp is resolved above or below a baseline at p <= 0.01 and by
-    TPR@1%FPR (:func:`_verdicts`), each method's keys pooled. Without ``per_key`` (the README), one row per method:
-    its mean own PPL change and mean TPR@1%FPR over its keys, and its rate at p <= 0.01 over their texts."""
+    file per attack, cost and key in ``results_root``/robust_cost; the evals they attacked, a folder per seed, give
+    each run's own perplexity change and its clean detection), one section per cost, the costliest first: per run,
+    its TPR@1%FPR [95% CI] and the rate at p <= 0.01 before and after each attack, then where OpenStamp is resolved
+    above or below a baseline at p <= 0.01 and by TPR@1%FPR (:func:`_verdicts`), each method's keys pooled. Without
+    ``per_key`` (the README), one row per method: its mean own PPL change and mean TPR@1%FPR over its keys, and its
+    rate at p <= 0.01 over their texts."""
+    folder = results_root / "robust_cost"
+    by_cost: dict[float, dict[str, dict]] = {}
+    for f in sorted(folder.glob("*.json")):
+        res = json.loads(f.read_text())
+        if res["attack"] in attacks:
+            by_cost.setdefault(res["settings"]["at_cost"], {})[f.stem] = res
+    return [
+        line
+        for cost in sorted(by_cost, reverse=True)
+        for line in _at_cost(by_cost[cost], results_root, per_key, attacks)
+    ]
+
+
+def _at_cost(results: dict[str, dict], results_root: Path, per_key: bool, attacks: tuple[str, ...]) -> list[str]:
+    """:func:`robust_at_cost`'s section for ``results``, the attacks at one cost."""
     stage, variable, what = AT_COST[attacks]
-    folder, shown = results_root / "robust_cost", "benchmarks/results/robust_cost"
-    results = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
-    results = {name: res for name, res in results.items() if res["attack"] in attacks}
+    shown = "benchmarks/results/robust_cost"
     kept, rerun = at_cost_evals(results_root)
     if not results or not kept + rerun:
         return []
@@ -414,7 +429,7 @@ def robust_at_cost(
     seeds = sorted({run.split("/")[-1] for run in runs})
     sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
     return [
-        f"Robustness at equal cost (`bash benchmarks/reference_runs.sh {stage}`, with `{variable}` for each "
+        f"Robustness at equal cost (`{_command(stage, variable, at)}`, with `{variable}` for each "
         f"further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
         f"{sizes['none'][0]} prompts, {new_tokens} new tokens), each method at the strength "
         f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
@@ -446,6 +461,14 @@ def robust_at_cost(
         + ".",
         "",
     ]
+
+
+def _command(stage: str, variable: str, costs: list[float]) -> str:
+    """The reference command that ran the attacks at ``costs``, naming the cost where it is not the default."""
+    command = f"bash benchmarks/reference_runs.sh {stage}"
+    if costs == [AT_COST_DEFAULT]:
+        return command
+    return f"{variable.removesuffix('_SEED')}={'/'.join(f'{c:g}' for c in costs)} {command}"
 
 
 def _attacked_runs(attacked: dict[str, dict], shown: str) -> dict[str, tuple[dict, int]]:
