@@ -848,7 +848,7 @@ def main() -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="print nothing; exit 1 if RESULTS.md or README.md's results differ from what benchmarks/results/ renders",
+        help="exit 1 if RESULTS.md or README.md's results differ from what benchmarks/results/ renders, else 0",
     )
     args = parser.parse_args()
     text = render()
