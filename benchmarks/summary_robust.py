@@ -356,12 +356,14 @@ def robust_at_cost(
     return [
         line
         for cost in sorted(by_cost, reverse=True)
-        for line in _at_cost(by_cost[cost], results_root, per_key, attacks)
+        for line in _at_cost(by_cost[cost], cost, results_root, per_key, attacks)
     ]
 
 
-def _at_cost(results: dict[str, dict], results_root: Path, per_key: bool, attacks: tuple[str, ...]) -> list[str]:
-    """:func:`robust_at_cost`'s section for ``results``, the attacks at one cost."""
+def _at_cost(
+    results: dict[str, dict], cost: float, results_root: Path, per_key: bool, attacks: tuple[str, ...]
+) -> list[str]:
+    """:func:`robust_at_cost`'s section for ``results``, the attacks at ``cost``."""
     stage, variable, what = AT_COST[attacks]
     shown = "benchmarks/results/robust_cost"
     kept, rerun = at_cost_evals(results_root)
@@ -424,15 +426,14 @@ def _at_cost(results: dict[str, dict], results_root: Path, per_key: bool, attack
         rows = _pooled_rows(runs, evals, columns)
     human = {run: ev["scores"]["human"] for run, (ev, _) in evals.items()}
     tpr_verdicts = _verdicts(columns, "tpr_at_1pct_fpr", human)
-    at = sorted({r["settings"]["at_cost"] for r in results.values()})
     new_tokens = next(iter(attacked.values()))["config"]["new_tokens"]
     seeds = sorted({run.split("/")[-1] for run in runs})
     sizes = {label: sorted({n for _, n in by.values()}) for label, by in columns.items()}
     return [
-        f"Robustness at equal cost (`{_command(stage, variable, at)}`, with `{variable}` for each "
+        f"Robustness at equal cost (`{_command(stage, variable, cost)}`, with `{variable}` for each "
         f"further key; `{shown}/`): the sweep's eval{'s' if len(seeds) > 1 else ''} ({', '.join(seeds)}; "
         f"{sizes['none'][0]} prompts, {new_tokens} new tokens), each method at the strength "
-        f"of its grid whose own perplexity change is nearest {' and '.join(f'{c:+.0%}' for c in at)}, where the "
+        f"of its grid whose own perplexity change is nearest {cost:+.0%}, where the "
         f"default comparison's robustness tables are saturated. {what} Each cell: "
         + (
             "TPR@1%FPR against the eval's human continuations [95% bootstrap interval]"
@@ -463,12 +464,10 @@ def _at_cost(results: dict[str, dict], results_root: Path, per_key: bool, attack
     ]
 
 
-def _command(stage: str, variable: str, costs: list[float]) -> str:
-    """The reference command that ran the attacks at ``costs``, naming the cost where it is not the default."""
+def _command(stage: str, variable: str, cost: float) -> str:
+    """The reference command that ran the attacks at ``cost``, naming the cost where it is not the default."""
     command = f"bash benchmarks/reference_runs.sh {stage}"
-    if costs == [AT_COST_DEFAULT]:
-        return command
-    return f"{variable.removesuffix('_SEED')}={'/'.join(f'{c:g}' for c in costs)} {command}"
+    return command if cost == AT_COST_DEFAULT else f"{variable.removesuffix('_SEED')}={cost:g} {command}"
 
 
 def _attacked_runs(attacked: dict[str, dict], shown: str) -> dict[str, tuple[dict, int]]:
