@@ -353,22 +353,24 @@ def robust_at_cost(
         res = json.loads(f.read_text())
         if res["attack"] in attacks:
             by_cost.setdefault(res["settings"]["at_cost"], {})[f.stem] = res
+    kept, rerun = at_cost_evals(results_root) if by_cost else ([], [])
+    if not kept + rerun:
+        return []
     return [
         line
         for cost in sorted(by_cost, reverse=True)
-        for line in _at_cost(by_cost[cost], cost, results_root, per_key, attacks)
+        for line in _at_cost(by_cost[cost], cost, (kept, rerun), per_key, attacks)
     ]
 
 
 def _at_cost(
-    results: dict[str, dict], cost: float, results_root: Path, per_key: bool, attacks: tuple[str, ...]
+    results: dict[str, dict], cost: float, sweeps: tuple[list, list], per_key: bool, attacks: tuple[str, ...]
 ) -> list[str]:
-    """:func:`robust_at_cost`'s section for ``results``, the attacks at ``cost``."""
+    """:func:`robust_at_cost`'s section for ``results``, the attacks at ``cost``, on ``sweeps`` (the kept and rerun
+    evals of :func:`at_cost_evals`, read once for every cost)."""
     stage, variable, what = AT_COST[attacks]
     shown = "benchmarks/results/robust_cost"
-    kept, rerun = at_cost_evals(results_root)
-    if not results or not kept + rerun:
-        return []
+    kept, rerun = sweeps
     attacked = {name: eval_of(res, kept + rerun, f"{shown}/{name}.json") for name, res in results.items()}
     evals = _attacked_runs(attacked, shown)
     again = sorted(name for name, ev in attacked.items() if any(ev is r for r in rerun))

@@ -86,7 +86,6 @@ def test_one_section_per_cost_the_costliest_first(robust, tmp_path):
 def test_results_that_attacked_two_evals_of_one_seed_are_refused(robust, tmp_path):
     keep(tmp_path)
     attack = json.loads((tmp_path / "robust_cost" / "edit0.1-cost0.3.json").read_text())
-    (tmp_path / "sweep" / "seeds" / "s0").mkdir(parents=True)
     other = json.loads((tmp_path / "sweep" / "rerun" / "s0" / "results.json").read_text())
     write(tmp_path / "sweep" / "seeds" / "s0" / "results.json", {**other, "created": "2026-11-01T00:00:00"})
     write(tmp_path / "robust_cost" / "edit0.25-cost0.3.json", {**attack, "eval_created": "2026-11-01T00:00:00"})
