@@ -574,7 +574,7 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         "| mean score before / after (kept) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    verdicts, most, lengths, over = [], [], [], []
+    verdicts, most, lengths, over, redrawn = [], [], [], [], False
     both = ("openstamp", "openstamp-nosem")
     for attack in prompts:
         prompt, after = attack["settings"].get("prompt", "paper"), _pooled_after(attack)
@@ -595,8 +595,11 @@ def projection_test(folder: Path, shown: str) -> list[str]:
         verdict = f"{prompt} prompt, " + _said(*gap) + ", at p <= 0.01 " + _said(*at_p)
         at_length = ""
         if all(after[m]["cut_n"] for m in both):
-            matched = _pooled_difference(after, "kept", "m_hits")
-            verdict += ", and at their lengths " + _said(*matched)
+            redraw = _both(*(_runs_of(attack, m) for m in both))
+            cut = [(after[m]["m_hits"], after[m]["kept"]) for m in both]
+            matched = _gap("at their lengths", *cut, redraw)
+            verdict += f", and {_starred('at their lengths', redraw)} " + _said(*matched)
+            redrawn = redrawn or redraw is not None
             at_length = f", {matched[2]:+.3f} at their lengths"
             over += [after[m]["cut_over"] / after[m]["cut_n"] for m in both]
             flagged = [
@@ -613,9 +616,14 @@ def projection_test(folder: Path, shown: str) -> list[str]:
     )
     keys = {m: [against(r["scores"]) for r in ev["runs"] if r["method"] == m] for m in both}
     clean_gap = _said(*pooled_tpr_difference_ci(keys["openstamp"], keys["openstamp-nosem"], 0.01))
+    kept = (
+        f"at p <= 0.01 there is no threshold to redraw{REDRAWN}"
+        if redrawn
+        else "these results keep no per-text scores to redraw the threshold; at p <= 0.01 there is none to redraw"
+    )
     lead_after = (
-        "; after paraphrase, with Newcombe's 95% interval for a difference of two rates over the pooled texts (these "
-        "results keep no per-text scores to redraw the threshold; at p <= 0.01 there is none to redraw), "
+        "; after paraphrase, with Newcombe's 95% interval for a difference of two rates over the pooled texts "
+        f"({kept}), "
     )
     upshot = f"By these intervals, the most the projection buys after paraphrase is {' and '.join(most)}."
     if lengths:

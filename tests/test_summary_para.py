@@ -3,6 +3,7 @@ fall back to Newcombe's interval over texts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,45 @@ def test_said_names_the_projections_effect(para):
     assert para._said(-0.1, -0.2, -0.01).endswith("(the projection hurts)")
     assert para._said(0.1, -0.02, 0.2).endswith("(not resolved)")
     assert para._said(-0.1, -0.2, -0.01, plain=True, mark="*") == "-0.100* [-0.200, -0.010] (resolved)"
+
+
+def projection_folder(root: Path, kept_scores: bool) -> Path:
+    """The projection stage's kept results: an eval of OpenStamp and no projection on 3 seeds, and the paper
+    prompt's paraphrases of each, OpenStamp's far above human text after paraphrase and no projection's near it."""
+    rng = np.random.default_rng(0)
+    settings = {"delta": 0.5, "shrinkage": 4}
+    config = {"method_settings": dict.fromkeys(("openstamp", "openstamp-nosem"), settings), "n": 200}
+    config |= {"prompt_tokens": 32, "new_tokens": 64, "seeds": [0, 1, 2]}
+    runs, attacked = [], []
+    for method, shift in (("openstamp", 3.0), ("openstamp-nosem", 0.5)):
+        for seed in range(3):
+            human, marked = rng.normal(0, 1, 200), rng.normal(4, 1, 200)
+            metrics = {"tpr_at_1pct_fpr": float(np.mean(marked > np.quantile(human, 0.99))), "own_ppl_change": 0.2}
+            metrics |= {"human_flagged_at_p_0.01": 0.01, "unwatermarked_flagged_at_p_0.01": 0.01}
+            scores = {"watermarked": marked.tolist(), "human": human.tolist(), "unwatermarked": human.tolist()}
+            runs.append({"method": method, "seed": seed, "metrics": metrics, "scores": scores})
+            one = run(method, rng.normal(shift, 1, 64), rng.normal(0, 1, 200), kept_scores)
+            one["real"]["human_cut"] |= {"n": 200, "over_threshold": 0.02, "flagged_at_p_0.01": 0.01}
+            one["real"] |= {"flagged_at_p_0.01": 0.5, "mean_score_before": 4.0, "mean_score_after": shift}
+            attacked.append({**one, "seed": seed, "generations": f"{method}/s{seed}"})
+    quality = {r["generations"]: {"n": 64, "near_copy_fraction": 0.0, "cosine_mean": 0.8} for r in attacked}
+    settings = {"prompt": "paper", "n": 64, "paraphraser": "qwen2.5-coder-0.5b", "near_copy": 0.8}
+    attack = {"attack": "paraphrase", "settings": settings, "quality": quality, "runs": attacked}
+    (root / "attacks").mkdir(parents=True)
+    (root / "results.json").write_text(json.dumps({"config": config, "runs": runs}))
+    (root / "attacks" / "para-paper.json").write_text(json.dumps(attack))
+    return root
+
+
+@pytest.mark.parametrize("kept_scores", [True, False])
+def test_projection_stage_redraws_the_threshold_at_their_lengths_where_its_runs_kept_scores(
+    para, tmp_path, kept_scores
+):
+    text = "\n".join(para.projection_test(projection_folder(tmp_path, kept_scores), "shown"))
+    verdict = next(line for line in text.splitlines() if line.startswith("The projection's effect at this cost"))
+    after = verdict.split("; after paraphrase", 1)[1]
+    assert ("at their lengths*" in after) is kept_scores
+    assert ("keep no per-text scores" in after) is not kept_scores
+    assert ("redraws each key's kept paraphrases" in after) is kept_scores
+    # a 2.5 standard deviation lead on every key is resolved either way, bootstrap or Newcombe's interval
+    assert after.split("and at their lengths", 1)[1].split(")")[0].endswith("(the projection helps")
