@@ -379,10 +379,7 @@ def _beside(r: dict, shard: dict, path: Path) -> list[str]:
         cells = [fmt(before.get("tpr_at_1pct_fpr")), fmt(s["tpr_at_1pct_fpr"])]
         cells += [fmt(before.get("own_ppl_change"), "own_ppl_change"), fmt(s["own_ppl_change"], "own_ppl_change")]
         rows.append(f"| {s['method']} | {s['strength']:g} | " + " | ".join(cells) + " |")
-    verdicts = _verdicts(shard)[0]  # "Where openstamp stands ..." on this seed alone
-    rows += [
-        "",
-        f"Seed {new}'s TPR lies inside the interval of seeds {held} at {inside} of {total} points. On seed {new} "
-        f"alone (intervals over its texts only), {verdicts[0].lower()}{verdicts[1:]}",
-    ]
-    return rows
+    said = f"Seed {new}'s TPR lies inside the interval of seeds {held} at {inside} of {total} points."
+    if verdicts := _verdicts(shard):  # "Where openstamp stands ..." on this seed alone, where it has a curve to face
+        said += f" On seed {new} alone (intervals over its texts only), {verdicts[0][0].lower()}{verdicts[0][1:]}"
+    return [*rows, "", said]
