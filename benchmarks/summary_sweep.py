@@ -342,9 +342,9 @@ def _again(r: dict, where: str, shard: dict, path: Path) -> list[str]:
     moved: dict[str, list[str]] = {}
     for run in shard["runs"]:
         before, now = held[(run["method"], run["strength"], run["seed"])], run["metrics"]
-        if any(abs(now[k] - before[k]) > 1e-6 * max(1.0, abs(before[k])) for k in AGAIN if before.get(k) is not None):
-            tpr = "tpr_at_1pct_fpr"
-            moved.setdefault(run["method"], []).append(f"{run['strength']:g}: {before[tpr]:.3f} -> {now[tpr]:.3f}")
+        if not all(_same(before[k], now.get(k)) for k in AGAIN if k in before):  # older sweeps lack some
+            tpr = [_three(m.get("tpr_at_1pct_fpr")) for m in (before, now)]
+            moved.setdefault(run["method"], []).append(f"{run['strength']:g}: {tpr[0]} -> {tpr[1]}")
     same = len(shard["runs"]) - sum(map(len, moved.values()))
     detail = "; ".join(f"{method} (TPR@1%FPR at {', '.join(rows)})" for method, rows in moved.items())
     return [
@@ -353,6 +353,17 @@ def _again(r: dict, where: str, shard: dict, path: Path) -> list[str]:
         f"against the same seed in {where}: {same} of {len(shard['runs'])} runs give the same "
         f"{', '.join(AGAIN)} (to 1e-6)" + (f"; these moved: {detail}." if moved else ".")
     ]
+
+
+def _same(before: float | None, now: float | None) -> bool:
+    """Whether a rerun reproduced a figure: to 1e-6 (relative above 1), or both missing (a detector that refused)."""
+    if before is None or now is None:
+        return before is now
+    return abs(now - before) <= 1e-6 * max(1.0, abs(before))
+
+
+def _three(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _beside(r: dict, shard: dict, path: Path) -> list[str]:

@@ -330,3 +330,21 @@ def test_a_later_seed_with_no_baseline_curve_is_still_set_beside_the_sweep(sw, t
     assert part[-1].startswith("Seed 3's TPR lies inside the interval of seeds 0, 1, 2 at ")
     assert "alone" not in part[-1]
     assert sum(line.startswith("| openstamp | ") for line in part) == len(points["openstamp"])
+
+
+def test_a_rerun_that_lost_or_gained_a_figure_counts_as_moved(sw, tmp_path):
+    r = results(POINTS)
+    shard = json.loads(json.dumps(r)) | {"config": {**r["config"], "seeds": [0]}}
+    shard["runs"] = [run for run in shard["runs"] if run["seed"] == 0]
+    lost, gained = shard["runs"][0], shard["runs"][1]
+    lost["metrics"]["tpr_at_1pct_fpr"] = None  # the detector refused on the rerun
+    held = next(
+        run
+        for run in r["runs"]
+        if (run["method"], run["strength"], run["seed"]) == (gained["method"], gained["strength"], 0)
+    )
+    held["metrics"]["own_ppl_change"] = None  # and this figure was missing before
+    write(tmp_path / "seeds" / "s0" / "results.json", shard)
+    [[line]] = sw.later_seeds(r, tmp_path)
+    assert f"{len(shard['runs']) - 2} of {len(shard['runs'])} runs give the same" in line
+    assert f"{lost['strength']:g}: " in line and " -> -" in line
