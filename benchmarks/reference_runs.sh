@@ -243,9 +243,16 @@ paraphrase_timed() {
 keep_eval() {
   # an at-cost stage keeps the eval it attacked (runs/sweep-s$1) in benchmarks/results/sweep/rerun/s$1, one folder the
   # at-cost stages share, where the summaries pair each result with it by its created time: trained keys and sampled
-  # text depend on the CPU, so a seed run again on another machine is not the sweep's kept one
-  mkdir -p benchmarks/results/sweep/rerun/s$1
-  cp runs/sweep-s$1/results.json benchmarks/results/sweep/rerun/s$1/
+  # text depend on the CPU, so a seed run again on another machine is not the sweep's kept one. An eval of the seed kept
+  # there before (another run of it, which earlier results attacked) stays: this one goes beside it, in s$1-2, s$1-3...
+  local made dir=benchmarks/results/sweep/rerun/s$1 i=1
+  made=$(.venv/bin/python -c "import json; print(json.load(open('runs/sweep-s$1/results.json'))['created'])")
+  while [ -f $dir/results.json ] && ! grep -q "\"created\": \"$made\"" $dir/results.json; do
+    i=$((i + 1))
+    dir=benchmarks/results/sweep/rerun/s$1-$i
+  done
+  mkdir -p $dir
+  cp runs/sweep-s$1/results.json $dir/
 }
 paraphrase_cost() {
   # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's eval
