@@ -97,7 +97,8 @@ def gamma_delta(r: dict) -> list[str]:
 
 def low_strength(r: dict, command: str = "python benchmarks/low_strength.py") -> list[str]:
     s = r["settings"]
-    deltas = r.get("deltas", [r.get("delta")])
+    # results that name no delta: their rows' deltas, in order
+    deltas = r.get("deltas") or ([r["delta"]] if "delta" in r else list(dict.fromkeys(x["delta"] for x in r["rows"])))
     rows = [
         f"What helps at low strength (`{command}`, " + STAGE + f"): delta {', '.join(f'{d:g}' for d in deltas)}, "
         f"{s['n']} held-out prompts, {s['tokens']} new tokens, flagged at p <= {s['fpr']}; S refitted per variant "

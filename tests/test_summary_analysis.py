@@ -155,6 +155,12 @@ def test_low_strength_names_its_deltas_and_dashes_a_variant_without_a_held_out_a
         assert row[5] == f"{data['own_ppl_change']:+.1%}"
 
 
+def test_low_strength_without_a_delta_names_its_rows_deltas(an):
+    r = low_strength_result(np.random.default_rng(4), (0.35, 0.5))
+    del r["deltas"]
+    assert "delta 0.35, 0.5, 32 held-out prompts" in an.low_strength(r)[0]
+
+
 def test_weighting_shows_each_test_and_the_aurocs(an):
     r = weighting_result(np.random.default_rng(5))
     rows = cells(an.weighting(r), "| delta |")
