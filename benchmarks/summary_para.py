@@ -17,6 +17,8 @@ PROMPTS = {
 }
 
 
+# the own perplexity change the at-cost stages aim at unless told another (PARA_COST, ROBUST_COST, DURABILITY_COST)
+AT_COST_DEFAULT = 0.3
 # where the at-cost stages keep the sweep's evals they attacked when a seed was run again on another machine
 RERUN = "benchmarks/results/sweep/rerun"
 REDRAWN = (
@@ -57,26 +59,11 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         out += paraphrase_detail(timed, f"{shown}/timed", lead, attack_costs(timed, [results], f"{shown}/timed")) + [""]
     kept, rerun = at_cost_evals(folder.parent)
     if (cost := _load(folder / "cost")) and (sweep := kept + rerun):
-        costs = attack_costs(cost, sweep, f"{shown}/cost")
-        cfg = sweep[0]["config"]
-        at = " and ".join(f"{c:+.0%}" for c in sorted({a["settings"]["at_cost"] for a in cost.values()}))
-        evals = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
-        again = sorted(name for name, a in cost.items() if a.get("eval_created") in {ev["created"] for ev in rerun})
-        lead = (
-            "At equal cost to the model (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, with "
-            f"`PARA_COST_SEED` for another key; the sweep's evals {evals}, {cfg['n']} prompts of "
-            f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at the strength of its grid "
-            f"whose own perplexity change is nearest {at}; `{shown}/cost/`"
-            + (
-                f"; {', '.join(again)} attacked the sweep's eval of its seed run again on another machine, kept in "
-                f"`{RERUN}/`: another key and other text than the kept seed of that number"
-                if again
-                else ""
-            )
-            + ")"
-        )
-        out += paraphrase_detail(cost, f"{shown}/cost", lead, costs) + [""]
-        out += _pooled_keys(cost, costs, cfg["new_tokens"], f"{shown}/cost")
+        by_cost: dict[float, dict[str, dict]] = {}
+        for name, a in cost.items():
+            by_cost.setdefault(a["settings"]["at_cost"], {})[name] = a
+        for at in sorted(by_cost, reverse=True):  # the costliest first, as the robustness at equal cost
+            out += _at_cost(by_cost[at], at, (sweep, rerun), f"{shown}/cost")
     if earlier := _load(folder / "main-eval"):
         lead = (
             "Earlier, on the main eval's releases (OpenStamp and no projection only, with keys an earlier session "
@@ -84,6 +71,31 @@ def paraphrase64(folder: Path, shown: str) -> list[str]:
         )
         out += paraphrase_detail(earlier, f"{shown}/main-eval", lead) + [""]
     return out
+
+
+def _at_cost(cost: dict[str, dict], at: float, evals: tuple[list, list], shown: str) -> list[str]:
+    """The paraphrase runs at equal cost ``at`` (the paraphrase_cost stage's, in ``shown``), on ``evals`` (every sweep
+    eval they may have attacked, and of those the ones run again on another machine)."""
+    sweep, rerun = evals
+    costs = attack_costs(cost, sweep, shown)
+    cfg = sweep[0]["config"]
+    command = "bash benchmarks/reference_runs.sh sweep paraphrase_cost"
+    evals_named = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
+    again = sorted(name for name, a in cost.items() if a.get("eval_created") in {ev["created"] for ev in rerun})
+    lead = (
+        f"At equal cost to the model (`{command if at == AT_COST_DEFAULT else f'PARA_COST={at:g} {command}'}`, with "
+        f"`PARA_COST_SEED` for another key; the sweep's evals {evals_named}, {cfg['n']} prompts of "
+        f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at the strength of its grid "
+        f"whose own perplexity change is nearest {at:+.0%}; `{shown}/`"
+        + (
+            f"; {', '.join(again)} attacked the sweep's eval of its seed run again on another machine, kept in "
+            f"`{RERUN}/`: another key and other text than the kept seed of that number"
+            if again
+            else ""
+        )
+        + ")"
+    )
+    return paraphrase_detail(cost, shown, lead, costs) + [""] + _pooled_keys(cost, costs, cfg["new_tokens"], shown)
 
 
 def _threshold_note(path: Path, attack: dict) -> list[str]:

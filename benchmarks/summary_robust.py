@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from summary_para import RERUN, _difference, at_cost_evals, eval_of, tally
+from summary_para import AT_COST_DEFAULT, RERUN, _difference, at_cost_evals, eval_of, tally
 
 from openstamp.evaluation.metrics import pooled_tpr_difference_ci
 from openstamp.evaluation.results import against
@@ -317,7 +317,6 @@ def durability(folder: Path, source: str) -> list[str]:
 
 # the attacks at equal cost, a table for each group and cost: the reference stages that run them, its variable for
 # the key (without _SEED, the one for the cost, whose default is AT_COST_DEFAULT), and what the attacks do
-AT_COST_DEFAULT = 0.3
 AT_COST = {
     ("edit", "quantize"): (
         "sweep robust_cost",

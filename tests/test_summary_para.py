@@ -115,3 +115,28 @@ def test_projection_stage_redraws_the_threshold_at_their_lengths_where_its_runs_
     assert ("redraws each key's kept paraphrases" in after) is kept_scores
     # a 2.5 standard deviation lead on every key is resolved either way, bootstrap or Newcombe's interval
     assert after.split("and at their lengths", 1)[1].split(")")[0].endswith("(the projection helps")
+
+
+def test_paraphrase_at_cost_gives_each_cost_its_own_section(para, tmp_path, monkeypatch):
+    """Paraphrases at +30% and at +12% are not pooled: each cost has its lead (naming PARA_COST where it is not the
+    default), its table and its keys pooled, the costliest first."""
+    config = {"n": 200, "prompt_tokens": 50, "new_tokens": 64, "seeds": [0]}
+    (tmp_path / "sweep" / "rerun" / "s0").mkdir(parents=True)
+    (tmp_path / "sweep" / "rerun" / "s0" / "results.json").write_text(
+        json.dumps({"created": "t0", "config": config, "runs": []})
+    )
+    (tmp_path / "paraphrase64" / "cost").mkdir(parents=True)
+    for cost in (0.12, 0.3):
+        attack = {"attack": "paraphrase", "eval": "runs/sweep-s0", "eval_created": "t0", "settings": {"at_cost": cost}}
+        (tmp_path / "paraphrase64" / "cost" / f"para64-cost{cost}-paper.json").write_text(json.dumps(attack))
+    monkeypatch.setattr(para, "attack_costs", lambda attacks, evals, shown: dict.fromkeys(attacks, {}))
+    monkeypatch.setattr(para, "paraphrase_detail", lambda attacks, shown, lead, costs: [lead, *attacks])
+    monkeypatch.setattr(para, "_pooled_keys", lambda attacks, costs, tokens, shown: [f"pooled {[*attacks]}"])
+
+    out = [line for line in para.paraphrase64(tmp_path / "paraphrase64", "shown") if line]
+    command = "bash benchmarks/reference_runs.sh sweep paraphrase_cost"
+    assert out[0].startswith(f"At equal cost to the model (`{command}`") and "nearest +30%;" in out[0]
+    assert out[1:3] == ["para64-cost0.3-paper", "pooled ['para64-cost0.3-paper']"]
+    assert out[3].startswith(f"At equal cost to the model (`PARA_COST=0.12 {command}`") and "nearest +12%;" in out[3]
+    assert out[4:6] == ["para64-cost0.12-paper", "pooled ['para64-cost0.12-paper']"]
+    assert all("run again on another machine" in line for line in (out[0], out[3]))
