@@ -79,11 +79,10 @@ def _at_cost(cost: dict[str, dict], at: float, evals: tuple[list, list], shown: 
     sweep, rerun = evals
     costs = attack_costs(cost, sweep, shown)
     cfg = sweep[0]["config"]
-    command = "bash benchmarks/reference_runs.sh sweep paraphrase_cost"
     evals_named = ", ".join(sorted({Path(a["eval"]).name for a in cost.values()}))
     again = sorted(name for name, a in cost.items() if a.get("eval_created") in {ev["created"] for ev in rerun})
     lead = (
-        f"At equal cost to the model (`{command if at == AT_COST_DEFAULT else f'PARA_COST={at:g} {command}'}`, with "
+        f"At equal cost to the model (`{_para_cost_command(at)}`, with "
         f"`PARA_COST_SEED` for another key; the sweep's evals {evals_named}, {cfg['n']} prompts of "
         f"{cfg['prompt_tokens']} tokens, {cfg['new_tokens']} new tokens, each method at the strength of its grid "
         f"whose own perplexity change is nearest {at:+.0%}; `{shown}/`"
@@ -96,6 +95,12 @@ def _at_cost(cost: dict[str, dict], at: float, evals: tuple[list, list], shown: 
         + ")"
     )
     return paraphrase_detail(cost, shown, lead, costs) + [""] + _pooled_keys(cost, costs, cfg["new_tokens"], shown)
+
+
+def _para_cost_command(at: float) -> str:
+    """The reference command that paraphrased at cost ``at``, naming PARA_COST where it is not the default."""
+    command = "bash benchmarks/reference_runs.sh sweep paraphrase_cost"
+    return command if at == AT_COST_DEFAULT else f"PARA_COST={at:g} {command}"
 
 
 def _threshold_note(path: Path, attack: dict) -> list[str]:
@@ -447,7 +452,7 @@ def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: 
             for where, by in sorted(verdicts.items())
         ]
         lines += [
-            f"Every method after paraphrase at equal cost (`bash benchmarks/reference_runs.sh sweep paraphrase_cost`, "
+            f"Every method after paraphrase at equal cost (`{_para_cost_command(at)}`, "
             f"with `PARA_COST_SEED` for each further key; `{shown}/`): each method at the strength of the sweep's "
             f"grid whose own PPL change is nearest {at:+.0%}, on keys {'/'.join(f's{s}' for s in seeds)}; the first "
             f"{group[0][1]['settings']['n']} completions per key ({new_tokens} new tokens) paraphrased by "
