@@ -245,6 +245,7 @@ keep_eval() {
   # at-cost stages share, where the summaries pair each result with it by its created time: trained keys and sampled
   # text depend on the CPU, so a seed run again on another machine is not the sweep's kept one. An eval of the seed kept
   # there before (another run of it, which earlier results attacked) stays: this one goes beside it, in s$1-2, s$1-3...
+  # A rerun that reproduces the kept seed (every score, on a CPU like the sweep's) the summaries take for that seed
   local made dir=benchmarks/results/sweep/rerun/s$1 i=1
   made=$(.venv/bin/python -c "import json; print(json.load(open('runs/sweep-s$1/results.json'))['created'])")
   while [ -f $dir/results.json ] && ! grep -q "\"created\": \"$made\"" $dir/results.json; do

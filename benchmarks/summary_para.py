@@ -400,10 +400,28 @@ def paraphrase_baselines(folder: Path, shown: str) -> list[str]:
 def at_cost_evals(results_root: Path) -> tuple[list[dict], list[dict]]:
     """The evals the at-cost stages attacked (``results_root``: benchmarks/results): the sweep's kept seeds (which the
     first results attacked, and which a result without ``eval_created`` is paired with), and those the stages kept in
-    sweep/rerun (:data:`RERUN`), each a seed's eval run again on another machine."""
-    kept = sorted((results_root / "sweep" / "seeds").glob("s*/results.json"))
-    rerun = sorted((results_root / "sweep" / "rerun").glob("s*/results.json"))
-    return [json.loads(p.read_text()) for p in kept], [json.loads(p.read_text()) for p in rerun]
+    sweep/rerun (:data:`RERUN`), each a seed's eval run again on another machine. A rerun that reproduces a kept seed
+    (on a CPU like the sweep's: :func:`_reproduces`) is that seed, and goes with the kept ones."""
+    kept = [json.loads(p.read_text()) for p in sorted((results_root / "sweep" / "seeds").glob("s*/results.json"))]
+    rerun = [json.loads(p.read_text()) for p in sorted((results_root / "sweep" / "rerun").glob("s*/results.json"))]
+    same = [ev for ev in rerun if any(_reproduces(ev, k) for k in kept)]
+    return kept + same, [ev for ev in rerun if all(ev is not s for s in same)]
+
+
+def _reproduces(ev: dict, kept: dict, atol: float = 1e-5) -> bool:
+    """Whether eval ``ev`` holds the runs of ``kept``, every score of each (watermarked, human, unwatermarked) within
+    ``atol``: the same keys and text, run again."""
+    ours, theirs = ({r["run"]: r["scores"] for r in e["runs"]} for e in (ev, kept))
+    if ours.keys() != theirs.keys():
+        return False
+    for run, scores in theirs.items():
+        if scores.keys() != ours[run].keys():
+            return False
+        for part, values in scores.items():
+            a, b = (np.asarray(v, dtype=float) for v in (ours[run][part], values))
+            if a.shape != b.shape or not np.allclose(a, b, rtol=0, atol=atol, equal_nan=True):
+                return False
+    return True
 
 
 def _pooled_keys(attacks: dict, costs: dict[str, dict], new_tokens: int, shown: str) -> list[str]:

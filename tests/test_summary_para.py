@@ -140,3 +140,22 @@ def test_paraphrase_at_cost_gives_each_cost_its_own_section(para, tmp_path, monk
     assert out[3].startswith(f"At equal cost to the model (`PARA_COST=0.12 {command}`") and "nearest +12%;" in out[3]
     assert out[4:6] == ["para64-cost0.12-paper", "pooled ['para64-cost0.12-paper']"]
     assert all("run again on another machine" in line for line in (out[0], out[3]))
+
+
+def test_a_rerun_that_reproduces_a_kept_seed_is_that_seed(para, tmp_path):
+    """A seed's eval run again on a CPU like the sweep's (the same scores to 1e-5) goes with the kept seeds; one whose
+    scores moved (another CPU: another key and other text) stays a rerun."""
+    rng = np.random.default_rng(0)
+    scores = {part: rng.normal(0, 1, 50).tolist() for part in ("watermarked", "human")}
+
+    def ev(created: str, human: list) -> dict:
+        return {"created": created, "runs": [{"run": "openstamp@0.5/s0", "scores": scores | {"human": human}}]}
+
+    kept = ev("a", scores["human"])
+    again, elsewhere = (ev(c, [v + eps for v in scores["human"]]) for c, eps in (("b", 1e-6), ("c", 1e-3)))
+    for folder, results in (("seeds/s0", kept), ("rerun/s0", elsewhere), ("rerun/s0-2", again)):
+        (tmp_path / "sweep" / folder).mkdir(parents=True)
+        (tmp_path / "sweep" / folder / "results.json").write_text(json.dumps(results))
+    same, other = para.at_cost_evals(tmp_path)
+    assert [e["created"] for e in same] == ["a", "b"] and [e["created"] for e in other] == ["c"]
+    assert not para._reproduces(ev("d", scores["human"][:-1]), kept) and para._reproduces(again, kept)
