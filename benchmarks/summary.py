@@ -15,7 +15,15 @@ from pathlib import Path
 from summary_analysis import analyses
 from summary_cost import strength_sweep, tune
 from summary_para import paraphrase64, paraphrase_baselines, projection_keys, projection_test
-from summary_robust import AT_COST, RETIED_FROM, durability, robust_at_cost, robustness, verdict_coverage
+from summary_robust import (
+    AT_COST,
+    RETIED_FROM,
+    durability,
+    pruned_bias,
+    robust_at_cost,
+    robustness,
+    verdict_coverage,
+)
 from summary_sweep import sweep
 from summary_trust import fpr_per_key, tail_check
 
@@ -722,6 +730,8 @@ def render() -> str:
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     for attacks in AT_COST:
         out += robust_at_cost(RESULTS, attacks=attacks)
+    if (bias := load("pruned_bias")) is not None:
+        out += pruned_bias(bias)
     if (coverage := load("verdict_coverage")) is not None:
         out += verdict_coverage(coverage)
     durable = RESULTS / "durability" / "results.json"

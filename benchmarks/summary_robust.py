@@ -578,3 +578,37 @@ def verdict_coverage(r: dict) -> list[str]:
         "elsewhere it is the power to see a true gap of 0.2: " + "; ".join(cells) + ".",
         "",
     ]
+
+
+def pruned_bias(r: dict) -> list[str]:
+    """benchmarks/pruned_bias.py: how pruning changes the model's entropy, Unremovable's gain and the hidden state."""
+    s, rows, quartiles = r["settings"], r["rows"], r["unpruned_by_entropy"]
+    pruned = [row for row in rows if row["sparsity"] > 0]
+
+    def each(field: str, digits: int) -> str:
+        names = ["unpruned" if row["sparsity"] == 0 else f"{row['sparsity']:.0%}" for row in rows]
+        return ", ".join(f"{name} {row[field]:.{digits}f}" for name, row in zip(names, rows, strict=True))
+
+    flatter = all(row["mean_entropy"] > rows[0]["mean_entropy"] for row in pruned)
+    gains = all(row["mean_gain"] > rows[0]["mean_gain"] for row in pruned)
+    rising = all(a["mean_gain"] < b["mean_gain"] for a, b in zip(quartiles, quartiles[1:], strict=False))
+    verdict = (
+        "So a pruned release, being less sure of the next token, writes Unremovable's fixed bias more strongly into "
+        "its text, which offsets the damage that pruning does to the mark."
+        if flatter and gains and rising
+        else "These figures do not show that link, so the rise stays unexplained."
+    )
+    return [
+        f"Why Wanda pruning raises Unremovable's detection (`python benchmarks/pruned_bias.py`: {s['model']}, "
+        f"{s['windows']} held-out wikipedia windows of {s['seq_len']} tokens, teacher-forced; Wanda as in the prune "
+        f"attack; Unremovable's key of seed {s['seed']} at epsilon {s['epsilon']:g}). Unremovable's mark is a fixed "
+        "logit bias. At each position its detector gains E_q[n], the keyed noise of the next token expected under "
+        "the marked distribution. For a small bias that gain grows as the model's own next-token distribution "
+        f"flattens. Mean entropy of that distribution, in nats: {each('mean_entropy', 3)}. Mean E_q[n]: "
+        f"{each('mean_gain', 4)}. Within the unpruned model, by quartile of entropy: "
+        + ", ".join(f"{q['entropy_from']:.2f}-{q['entropy_to']:.2f} nats {q['mean_gain']:.4f}" for q in quartiles)
+        + f". {verdict} OpenStamp's selector reads the final hidden state, and its detector runs the original model. "
+        f"The mean cosine of each position's hidden state with the unpruned model's: {each('mean_hidden_cosine', 3)}. "
+        "Where it falls, the pruned release favours green lists other than the ones the detector looks for.",
+        "",
+    ]

@@ -91,3 +91,22 @@ def test_results_that_attacked_two_evals_of_one_seed_are_refused(robust, tmp_pat
     write(tmp_path / "robust_cost" / "edit0.25-cost0.3.json", {**attack, "eval_created": "2026-11-01T00:00:00"})
     with pytest.raises(ValueError, match="run them again on one eval"):
         robust.robust_at_cost(tmp_path)
+
+
+def test_pruned_bias_names_the_cause_only_where_every_figure_shows_it(robust):
+    def result(gains: list[float]) -> dict:
+        rows = [
+            {"sparsity": s, "mean_entropy": 2.0 + s, "mean_gain": g, "mean_hidden_cosine": 1.0 - s}
+            for s, g in zip((0.0, 0.3, 0.5), gains, strict=True)
+        ]
+        quartiles = [
+            {"entropy_from": q, "entropy_to": q + 1, "mean_gain": 0.1 * (q + 1), "positions": 10} for q in range(4)
+        ]
+        settings = {"model": "m", "windows": 4, "seq_len": 16, "seed": 0, "epsilon": 0.6}
+        return {"settings": settings, "rows": rows, "unpruned_by_entropy": quartiles}
+
+    shown = robust.pruned_bias(result([0.2, 0.3, 0.4]))[0]
+    assert "writes Unremovable's fixed bias more strongly" in shown
+    assert "unpruned 0.2000, 30% 0.3000, 50% 0.4000" in shown
+    assert "unpruned 1.000, 30% 0.700, 50% 0.500" in shown
+    assert "stays unexplained" in robust.pruned_bias(result([0.2, 0.1, 0.4]))[0]
