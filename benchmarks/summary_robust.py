@@ -593,8 +593,8 @@ def pruned_bias(r: dict) -> list[str]:
     gains = all(row["mean_gain"] > rows[0]["mean_gain"] for row in pruned)
     rising = all(a["mean_gain"] < b["mean_gain"] for a, b in zip(quartiles, quartiles[1:], strict=False))
     verdict = (
-        "So a pruned release, being less sure of the next token, writes Unremovable's fixed bias more strongly into "
-        "its text, which offsets the damage that pruning does to the mark."
+        "So a pruned release, being less sure of the next token, gains more from Unremovable's fixed bias at each "
+        "position, and nothing in that mark depends on the hidden states that pruning moves."
         if flatter and gains and rising
         else "These figures do not show that link, so the rise stays unexplained."
     )

@@ -106,7 +106,7 @@ def test_pruned_bias_names_the_cause_only_where_every_figure_shows_it(robust):
         return {"settings": settings, "rows": rows, "unpruned_by_entropy": quartiles}
 
     shown = robust.pruned_bias(result([0.2, 0.3, 0.4]))[0]
-    assert "writes Unremovable's fixed bias more strongly" in shown
+    assert "gains more from Unremovable's fixed bias" in shown
     assert "unpruned 0.2000, 30% 0.3000, 50% 0.4000" in shown
     assert "unpruned 1.000, 30% 0.700, 50% 0.500" in shown
     assert "stays unexplained" in robust.pruned_bias(result([0.2, 0.1, 0.4]))[0]
