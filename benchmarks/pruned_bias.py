@@ -14,8 +14,8 @@ held-out wikipedia windows:
   (nats) and the mean ``E_q[n]`` for each model, and ``E_q[n]`` by entropy quartile of the unpruned model's
   positions: the same link inside one model.
 * OpenStamp's selector reads the final hidden state ``h``, and its detector runs the original model. The script
-  reports the cosine of each position's ``h`` with the unpruned model's. When it falls, the release favours green
-  lists other than the ones the detector looks for.
+  reports the cosine of each position's ``h`` with the unpruned model's. When it falls, the lists the release
+  favours can differ from the ones the detector looks for (how often they do is not measured here).
 
 Writes benchmarks/results/pruned_bias.json.
 """
