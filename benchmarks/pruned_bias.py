@@ -29,10 +29,10 @@ import time
 import torch
 from common import write_result
 
-from openstamp import load_documents, load_model, split_documents
+from openstamp import load_model
 from openstamp.attacks.prune import PruneConfig, calibration_norms, prune_model
+from openstamp.attacks.weights import quality_windows
 from openstamp.methods.base import create
-from openstamp.training import training_windows
 
 
 @torch.inference_mode()
@@ -86,9 +86,7 @@ def main() -> None:
     method = create("unremovable", epsilon=args.epsilon)
     method.build(base, tokenizer, [], args.seed)
     noise = method.noise.float()
-    heldout = training_windows(tokenizer, split_documents(load_documents("wikipedia"), "heldout"), args.seq_len)
-    generator = torch.Generator().manual_seed(args.seed)
-    windows = heldout[torch.randperm(len(heldout), generator=generator)[: args.windows]]
+    windows = quality_windows("wikipedia", tokenizer, args.windows, args.seq_len, seed=args.seed)
 
     cfg = PruneConfig()
     norms = calibration_norms(base, tokenizer, cfg)

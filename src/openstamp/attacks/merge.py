@@ -220,7 +220,7 @@ def run_merge(eval_dir: Path, out: Path, cfg: MergeConfig, progress: bool = True
     check_compatible(base, other)  # before anything is written, so a corrected --with can reuse --out
     prepare_out(out, {"eval": str(ev.path.resolve()), **config_dict(cfg)})
     n = min(cfg.n or len(ev.windows), len(ev.windows))
-    windows = quality_windows(ev, tokenizer, cfg.ppl_windows, cfg.seq_len)
+    windows = quality_windows(ev.cfg.corpus, tokenizer, cfg.ppl_windows, cfg.seq_len)
     other_ppl = cached_perplexity(out / "ppl" / "with_model.json", other, windows)
     rows, notes = [], {}
     for run in runs:

@@ -160,7 +160,7 @@ def run_prune(eval_dir: Path, out: Path, cfg: PruneConfig, progress: bool = True
     runs, skipped = weight_runs(ev, cfg.methods, cfg.at_cost)
     base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
     n = min(cfg.n or len(ev.windows), len(ev.windows))
-    windows = quality_windows(ev, tokenizer, cfg.ppl_windows, cfg.seq_len)
+    windows = quality_windows(ev.cfg.corpus, tokenizer, cfg.ppl_windows, cfg.seq_len)
     rows, reached = [], {}
     for run in runs:
         method, eval_scores = load_method(ev, run, base), ev.scores(run)

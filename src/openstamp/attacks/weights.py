@@ -47,10 +47,11 @@ def weight_runs(
 
 
 def quality_windows(
-    ev: EvalRun, tokenizer: PreTrainedTokenizerBase, count: int, seq_len: int, seed: int = 0
+    corpus: str, tokenizer: PreTrainedTokenizerBase, count: int, seq_len: int, seed: int = 0
 ) -> torch.Tensor:
-    """``count`` held-out windows (count, seq_len) of the eval's prompt corpora, chosen with ``seed``."""
-    docs = [d for spec in ev.cfg.corpus.split(",") if spec.strip() for d in load_documents(spec.strip())]
+    """``count`` held-out windows (count, seq_len) of ``corpus`` (comma-separated specs; an eval's prompt corpora),
+    chosen with ``seed``."""
+    docs = [d for spec in corpus.split(",") if spec.strip() for d in load_documents(spec.strip())]
     windows = training_windows(tokenizer, split_documents(docs, "heldout"), seq_len)
     generator = torch.Generator().manual_seed(seed)
     return windows[torch.randperm(len(windows), generator=generator)[:count]]
