@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from openstamp.corpus import CorpusError, fingerprint, load_documents, split_documents
+from openstamp.corpus import CorpusError, fingerprint, load_corpora, load_documents, split_documents
 
 TEXT = "A sentence long enough to count as a document in these tests, repeated. " * 4
 
@@ -63,3 +63,13 @@ def test_packaged_corpora_are_real_text():
     assert len(news) > 250 and "the" in news[0].text
     wiki = load_documents("wikipedia")
     assert len(wiki) > 80 and not any(d.text.lower().startswith("#redirect") for d in wiki)
+
+
+def test_load_corpora_joins_comma_separated_specs_in_order(tmp_path):
+    (tmp_path / "a.txt").write_text(f"{TEXT}a\n\n{TEXT}b\n")
+    (tmp_path / "b.txt").write_text(f"{TEXT}c\n")
+    a, b = str(tmp_path / "a.txt"), str(tmp_path / "b.txt")
+    docs = load_corpora(f"{b}, {a},")
+    assert [d.text for d in docs] == [d.text for d in load_documents(b) + load_documents(a)]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_corpora(f"{a},{tmp_path / 'missing.txt'}")

@@ -49,6 +49,11 @@ def load_documents(spec: str, *, text_field: str = "text", min_chars: int = 200)
     return docs
 
 
+def load_corpora(specs: str) -> list[Document]:
+    """Every document of each comma-separated corpus spec in ``specs``, in order (see :func:`load_documents`)."""
+    return [d for spec in specs.split(",") if spec.strip() for d in load_documents(spec.strip())]
+
+
 def split_documents(docs: list[Document], part: str, heldout_fraction: float = 0.5) -> list[Document]:
     """Keep the ``key`` part, the ``heldout`` part, or ``all`` documents (a hash split)."""
     if part == "all":

@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 from openstamp.attacks.common import config_dict, prepare_out
 from openstamp.attacks.report import fmt, md_table, new_figure, publish, save_figure
 from openstamp.config import check, option
-from openstamp.corpus import load_documents, split_documents
+from openstamp.corpus import load_corpora, split_documents
 from openstamp.hidden import final_hidden
 from openstamp.models import load_model, model_device
 from openstamp.patch import head, untie
@@ -181,7 +181,7 @@ def run_reinit(
     """Measure held-out perplexity of the model, of a re-initialised head, and as the new head trains."""
     prepare_out(out, {"model": model_spec, **config_dict(cfg)})
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device)
-    docs = [d for spec in cfg.corpus.split(",") if spec.strip() for d in load_documents(spec.strip())]
+    docs = load_corpora(cfg.corpus)
     generator = torch.Generator().manual_seed(cfg.seed)
 
     def sample(part: str, count: int) -> torch.Tensor:

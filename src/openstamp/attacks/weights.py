@@ -28,7 +28,7 @@ from openstamp.attacks.common import (
     select_runs,
 )
 from openstamp.attacks.report import fmt, md_table, new_figure, save_figure
-from openstamp.corpus import load_documents, split_documents
+from openstamp.corpus import load_corpora, split_documents
 from openstamp.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.storage import read_json
 from openstamp.training import perplexity, training_windows
@@ -51,7 +51,7 @@ def quality_windows(
 ) -> torch.Tensor:
     """``count`` held-out windows (count, seq_len) of ``corpus`` (comma-separated specs; an eval's prompt corpora),
     chosen with ``seed``."""
-    docs = [d for spec in corpus.split(",") if spec.strip() for d in load_documents(spec.strip())]
+    docs = load_corpora(corpus)
     windows = training_windows(tokenizer, split_documents(docs, "heldout"), seq_len)
     generator = torch.Generator().manual_seed(seed)
     return windows[torch.randperm(len(windows), generator=generator)[:count]]
