@@ -37,6 +37,15 @@ def test_local_tasks_are_four_way_items_with_the_answer_at_the_label(sentence_co
     assert task_names(("local", "arc_challenge")) == (*LOCAL_TASKS, "arc_challenge")
 
 
+def test_local_tasks_read_corpus_specs_with_spaces(sentence_corpus, tmp_path):
+    spaced, plain = tmp_path / "spaced", tmp_path / "plain"
+    spaced.mkdir(), plain.mkdir()
+    build_local_tasks(spaced, f"{sentence_corpus}, {sentence_corpus}", 20)
+    build_local_tasks(plain, f"{sentence_corpus},{sentence_corpus}", 20)
+    for task in LOCAL_TASKS:
+        assert (spaced / f"{task}.jsonl").read_text() == (plain / f"{task}.jsonl").read_text()
+
+
 def test_paired_change_and_its_interval():
     d = change([1, 1, 0, 1], [1, 0, 0, 0])
     assert d["acc"] == 0.75 and d["change"] == pytest.approx(0.5) and d["ci"][0] < 0.5 < d["ci"][1]

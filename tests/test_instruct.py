@@ -74,6 +74,10 @@ def test_offline_set_has_the_three_tasks(corpus_file):
     assert all(r["output"] and r["input"] for r in rows)
 
 
+def test_offline_set_reads_corpus_specs_with_spaces(corpus_file):
+    assert build_offline_set(f"{corpus_file}, {corpus_file}", 6) == build_offline_set(f"{corpus_file},{corpus_file}", 6)
+
+
 def test_instruction_loss_falls(tokenizer, corpus_file):
     model = make_model(False, len(tokenizer))
     ids, labels = instruction_batches(tokenizer, build_offline_set(str(corpus_file), 8), 96)

@@ -39,7 +39,7 @@ from openstamp.attacks.finetune import attack_run, checkpoint_rows, durability_p
 from openstamp.attacks.report import AT_P_TITLE, negatives_note, publish
 from openstamp.attacks.weights import weight_runs
 from openstamp.config import check, option
-from openstamp.corpus import load_documents, split_documents
+from openstamp.corpus import load_corpora, split_documents
 from openstamp.errors import CorpusError
 from openstamp.models import load_model
 from openstamp.storage import read_json
@@ -68,7 +68,7 @@ class InstructConfig(TrainConfig):
 def build_offline_set(corpora: str, count: int, seed: int = 0) -> list[dict]:
     """At most ``count`` alpaca rows from the key half of the corpora, one per document, cycling through
     three tasks: continue a passage, give a title (a Wikipedia page's own), repeat the first sentence."""
-    docs = [d for spec in corpora.split(",") if spec.strip() for d in split_documents(load_documents(spec), "key")]
+    docs = split_documents(load_corpora(corpora), "key")
     rng = np.random.default_rng(seed)
     rows = []
     for index in rng.permutation(len(docs))[:count]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from openstamp.corpus import load_documents, split_documents
+from openstamp.corpus import load_corpora, split_documents
 from openstamp.storage import atomic_write_text
 
 LOCAL_TASKS = ("openstamp_cloze", "openstamp_lastword")
@@ -100,7 +100,7 @@ def task_names(spec: tuple[str, ...]) -> tuple[str, ...]:
 
 def build_local_tasks(directory: Path, corpora: str, n: int, seed: int = 0) -> Path:
     """Write both local tasks (JSONL data and lm-eval YAML) under ``directory``; return it."""
-    docs = [d for spec in corpora.split(",") if spec.strip() for d in split_documents(load_documents(spec), "heldout")]
+    docs = split_documents(load_corpora(corpora), "heldout")
     texts = [docs[i].text for i in np.random.default_rng(seed).permutation(len(docs))]
     builders = {"openstamp_cloze": cloze_items, "openstamp_lastword": lastword_items}
     for task, build in builders.items():
