@@ -311,7 +311,7 @@ durability_cost() {
   # (DURABILITY_COST_ATTACKS, default all three): merge, linear with the base (t 0.3, 0.5, 0.7: the base's weight);
   # prune, Wanda on 30% and 50% of every linear layer of the blocks; finetune, LoRA on wikipedia for 100 steps (the
   # fade stage's attack, shorter). Results go beside robust_cost's, whose summary reads them. About 15 min for merging
-  # and pruning on 2 cores per key, and 26 min for the fine-tune (seed 2)
+  # and pruning on 2 cores per key, and 26-31 min for the fine-tune (seeds 2 and 0)
   local seed=${DURABILITY_COST_SEED:-0} cost=${DURABILITY_COST:-0.3} K=benchmarks/results/robust_cost
   local S=runs/sweep-s$seed suffix="" methods=openstamp,openstamp-nosem,unremovable,gaussmark
   [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
