@@ -246,8 +246,8 @@ keep_eval() {
   # text depend on the CPU, so a seed run again on another machine is not the sweep's kept one. An eval of the seed kept
   # there before (another run of it, which earlier results attacked) stays: this one goes beside it, in s$1-2, s$1-3...
   # A rerun that reproduces the kept seed (every score, on a CPU like the sweep's) the summaries take for that seed
-  # (the folder that already holds this eval, wherever it is, or else the first free one: a removed s$1-2 is not
-  # filled with a copy of an eval kept in s$1-3)
+  # This eval goes in the folder that already holds it, wherever that is, or else in the first free one, so a removed
+  # s$1-2 is not refilled with a copy of the eval kept in s$1-3
   local made dir=benchmarks/results/sweep/rerun/s$1 i=1 kept
   made=$(.venv/bin/python -c "import json; print(json.load(open('runs/sweep-s$1/results.json'))['created'])")
   kept=$(grep -l "\"created\": \"$made\"" benchmarks/results/sweep/rerun/s$1/results.json \
