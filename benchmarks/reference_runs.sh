@@ -129,6 +129,11 @@ shrinkage() {
   $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink-$m-f$f-merged
   cp runs/shrink-$m-f$f-merged/results.json runs/shrink-$m-f$f-merged/report.md runs/shrink-$m-f$f-merged/*.png $K/
 }
+budget() {
+  # each point of the sweep and its shrinkage variants against the second-order ceiling at its cost, and what the
+  # target (TPR 0.95 at 64 tokens, +10% own PPL) needs (run `sweep` and `shrinkage` first; reads their kept results)
+  .venv/bin/python benchmarks/detection_budget.py
+}
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
   # prompt independence on the durability eval; the LLR detector on Unremovable and GaussMark (their own eval)
@@ -423,7 +428,7 @@ keep() {
 
 main() {
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep sweep_eval shrinkage durability analyses
+  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep sweep_eval shrinkage budget durability analyses
     edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
     paraphrase_timed paraphrase_cost robust_cost durability_cost projection projection_keys)
   for stage in "${stages[@]}"; do

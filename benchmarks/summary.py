@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from summary_analysis import analyses
+from summary_budget import detection_budget
 from summary_cost import strength_sweep, tune
 from summary_para import paraphrase64, paraphrase_baselines, projection_keys, projection_test
 from summary_robust import (
@@ -752,6 +753,7 @@ def render() -> str:
     if cost.exists():
         out += strength_sweep(json.loads(cost.read_text())) + [""]
     out += pareto_sweep()
+    out += budget()
     out += projection()
     for name, render_section in (
         ("tune", tune),
@@ -777,6 +779,13 @@ def pareto_sweep(whole: bool = True) -> list[str]:
     return sweep(json.loads(pareto.read_text()), pareto.parent, whole) + [""] if pareto.exists() else []
 
 
+def budget(whole: bool = True) -> list[str]:
+    """Each sweep point against the second-order ceiling (benchmarks/results/detection_budget.json)."""
+    result = load("detection_budget")
+    reruns = RESULTS / "sweep" / "rerun"
+    return [] if result is None else detection_budget(result, whole, load("retie"), load("full_llr"), reruns)
+
+
 def projection() -> list[str]:
     """The projection under paraphrase (benchmarks/results/projection/): pooled per prompt, then key by key."""
     folder, shown = RESULTS / "projection", "benchmarks/results/projection"
@@ -784,11 +793,12 @@ def projection() -> list[str]:
 
 
 def headline() -> str:
-    """What the README shows: the Pareto sweep with its plots, every method under paraphrase, token edits and
-    quantization at equal cost, the projection under paraphrase at equal cost, the
+    """What the README shows: the Pareto sweep with its plots, what its costs can buy at best, every method under
+    paraphrase, token edits and quantization at equal cost, the projection under paraphrase at equal cost, the
     strength `tune` chooses and what it costs, and the false-positive rate per key; the rest is in RESULTS.md."""
     out: list[str] = []
     out += pareto_sweep(whole=False)
+    out += budget(whole=False)
     out += paraphrase_baselines(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
     for attacks in AT_COST:
         out += robust_at_cost(RESULTS, per_key=False, attacks=attacks)

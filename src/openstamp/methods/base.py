@@ -63,6 +63,9 @@ class WatermarkMethod(ABC):
     projection, KGW's z-test): a text scores alike at every strength of one key, so a sweep scores its negatives once.
     A detector that reads its strength only at the end (KGW+LLR) says so by ``shares_statistics`` and splits its
     score into ``key_statistics`` (the key alone) and ``score_from_statistics`` (the strength).
+    ``score_is_llr`` marks a detector whose score is a mean per-token LLR, the watermarked next-token distribution's
+    to the original's as the detector computes them (OpenStamp, KGW+LLR): ``openstamp.evaluation.budget.llr_budget``
+    reads where its separation goes.
     """
 
     name: ClassVar[str]
@@ -75,6 +78,7 @@ class WatermarkMethod(ABC):
     head_only: ClassVar[bool] = False  # a weight-level watermark that patches lm_head alone, never the decoder
     added_settings: ClassVar[dict[str, Any]] = {}  # field -> its value in keys saved before the field existed
     scores_ignore_strength: ClassVar[bool] = False  # True: score() reads the key alone, never the strength
+    score_is_llr: ClassVar[bool] = False  # True: score() is a mean per-token LLR, watermarked to original
 
     def __init__(self, config: Any | None = None) -> None:
         self.config = config if config is not None else self.config_class()

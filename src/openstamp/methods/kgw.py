@@ -211,6 +211,7 @@ class KGWLLR(KGW):
     sweep = (0.5, 0.7, 1.0, 1.2, 1.4, 1.5, 1.7)  # from the paper's 0.5..1.7 grid; 1.4 is representative
     scores_ignore_strength = False  # the LLR reads delta
     shares_statistics = True  # but only at the end: a token's green mass and hit read the key alone
+    score_is_llr = True
 
     def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
         stats = self.key_statistics(base, tokenizer, texts, batch_size)

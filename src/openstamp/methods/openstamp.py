@@ -48,6 +48,7 @@ class OpenStamp(WatermarkMethod):
     sweep = (0.3, 0.6, 0.9, 1.2)
     key_fields = ("key",)
     added_settings = {"shrinkage": 0.0}  # keys built before the field existed fitted S without shrinkage
+    score_is_llr = True
     key: WatermarkKey
     _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector made
 

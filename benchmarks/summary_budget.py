@@ -1,0 +1,123 @@
+"""The detection budget's section (benchmarks/detection_budget.py, used by summary.py): each method's efficiency
+against the second-order ceiling, what the issue's target needs, and where a mean-LLR score's separation goes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def _retie_seen(retie: dict | None) -> list[str]:
+    """What the re-tie benchmark says of the cost an LLR sees: an untied and a re-tied release of one key, each
+    with its own perplexity change on held-out text and its mean LLR on human text."""
+    if retie is None:
+        return []
+    res, seen = retie["results"], {}
+    for mode in ("untie", "retie"):
+        cost = math.log(res[mode]["perplexity"]["ppl"] / res["original"]["perplexity"]["ppl"])
+        seen[mode] = (-res[mode]["mean_llr_human"] / cost, cost)
+    return [
+        f" The re-tie benchmark (`python benchmarks/retie.py`; one key at delta {retie['delta']:g}) points at where "
+        f"the rest of OpenStamp's cost goes: its untied release costs {seen['untie'][1]:.3f} nats per token and its "
+        f"LLR sees {seen['untie'][0]:.2f} of that on human text; its re-tied release, whose input embeddings are `U~` "
+        f"too, costs {seen['retie'][1]:.3f} and its LLR, read on the released backbone, sees {seen['retie'][0]:.2f} "
+        "(perplexity on held-out windows, LLR on human continuations: other texts, so a ratio near 1 is as close "
+        "as they agree)."
+    ]
+
+
+def _kept_as(created: str, reruns: Path | None) -> str:
+    """Where among ``reruns``' folders (benchmarks/results/sweep/rerun/) the eval made at ``created`` is kept."""
+    for path in sorted(reruns.glob("*/results.json")) if reruns else []:
+        if json.loads(path.read_text())["created"] == created:
+            return f" (kept as `{path.parent.relative_to(reruns.parents[3])}`)"
+    return ""
+
+
+def _full_llr(full: dict | None, reruns: Path | None = None) -> list[str]:
+    """What scoring the whole release's LLR (benchmarks/full_llr.py) does to the budget and to TPR; ``reruns`` holds
+    the kept evals (benchmarks/results/sweep/rerun/), one of which may be the eval it read."""
+    if full is None or not full["runs"]:
+        return []
+    rows = full["runs"]
+    where = ", ".join(f"`{e['eval']}`" + _kept_as(e["created"], reruns) for e in full["evals"])
+    diffs = [r["full_llr"]["tpr"] - r["head_llr"]["tpr"] for r in rows]
+    span = lambda part, key: _span([r[part] for r in rows], key)  # noqa: E731
+    return [
+        f" Scored instead with the LLR of the whole release against the original model, each on its own backbone (two "
+        f"forward passes; `python benchmarks/full_llr.py` on {where}: {len(rows)} OpenStamp runs, the same texts), "
+        f"the LLR sees {span('full_llr', 'seen')} of the cost (the head's: {span('head_llr', 'seen')}), but "
+        f"signal {span('full_llr', 'signal')} (the head's: {span('head_llr', 'signal')}) and spread "
+        f"{span('full_llr', 'spread')} (the head's: {span('head_llr', 'spread')}); TPR@1%FPR moves by "
+        f"{min(diffs):+.3f} to {max(diffs):+.3f} (mean {sum(diffs) / len(diffs):+.3f})."
+        + (
+            " Reading that cost adds spread, not detection: the re-tie's share of the cost is lost to the detector "
+            "either way."
+            if sum(diffs) / len(diffs) <= 0.01
+            else ""
+        )
+    ]
+
+
+def detection_budget(
+    r: dict, whole: bool = True, retie: dict | None = None, full: dict | None = None, reruns: Path | None = None
+) -> list[str]:
+    """``whole`` (RESULTS.md) adds every mean-LLR point's factors; the README has the method table and the ranges.
+    ``retie`` and ``full`` (the re-tie and full-LLR benchmarks' results) add what they say of the unseen cost."""
+    t, fpr = r["target"], r["fpr"]
+    llr = [p for p in r["points"] if p.get("llr_budget", {}).get("seen") is not None]
+    out = [
+        "What a cost can buy (`bash benchmarks/reference_runs.sh budget`, i.e. `python "
+        "benchmarks/detection_budget.py`; `benchmarks/results/detection_budget.json`): at a cost of c = log(1 + own "
+        "PPL change) nats per token, no detector of a watermark's change separates the text it makes from human text "
+        "the model fits by more than d* = sqrt(2 n c) standard deviations over n tokens, to second order in the change "
+        f"(`openstamp.evaluation.budget`); at {fpr:.0%} FPR, TPR* = Phi(d* - 2.326). It is not a bound: third-order "
+        "terms, human text unlike the model's and dependent tokens move it either way. Each point of the Pareto "
+        "sweep and its shrinkage variants (mean over the seeds) reads as d' = Phi^-1(TPR) + 2.326, and its "
+        f"efficiency is d' / d*. **At the issue's target, +{t['own_ppl_change']:.0%} own PPL and {t['tokens']} "
+        f"tokens, the ceiling is TPR {t['ceiling_tpr']:.3f}; TPR {t['tpr']:g} at {t['tokens']} tokens needs "
+        f"+{t['ceiling_own_ppl_change']:.1%} at the ceiling**, and at each method's median efficiency (over its "
+        "points whose TPR is below 1):",
+        "",
+        f"| method | efficiency d' / d* at {t['tokens']} tokens | points | own PPL change for TPR {t['tpr']:g} |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, m in sorted(r["methods"].items(), key=lambda kv: -kv[1]["efficiency"]):
+        out.append(f"| {label} | {m['efficiency']:.2f} | {m['points']} | +{m['own_ppl_change_for_target']:.1%} |")
+    out += ["", "![detection budget](benchmarks/results/detection_budget.png)", ""]
+    if not llr:
+        return out
+    by: dict[str, list[dict]] = {}
+    for p in llr:
+        by.setdefault(p["method"], []).append(p["llr_budget"])
+    ranges = "; ".join(
+        f"{label}: seen {_span(b, 'seen')}, signal {_span(b, 'signal')}, spread {_span(b, 'spread')}"
+        for label, b in by.items()
+    )
+    out.append(
+        "Where a mean-LLR score's separation goes, at full length ((m_w + s) / sd_h over d* = sqrt(seen) (1 + "
+        "signal) / 2 / spread, each factor 1 at the ceiling): `seen` is the part of the cost its LLR sees on human "
+        "text (s / c, with s minus the human texts' mean score), `signal` the watermarked texts' mean score over s, "
+        f"`spread` the human scores' spread over independent tokens'. Over each method's strengths: {ranges}."
+        + "".join(_retie_seen(retie) + _full_llr(full, reruns))
+    )
+    out.append("")
+    if whole:
+        out += [
+            "| method | strength | own PPL change | seen | signal | spread | efficiency |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p in llr:
+            b = p["llr_budget"]
+            out.append(
+                f"| {p['method']} | {p['strength']:g} | +{p['own_ppl_change']:.1%} | {b['seen']:.2f} | "
+                f"{b['signal']:.2f} | {b['spread']:.2f} | {b['efficiency']:.2f} |"
+            )
+        out.append("")
+    return out
+
+
+def _span(parts: list[dict], key: str) -> str:
+    lo, hi = min(p[key] for p in parts), max(p[key] for p in parts)
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
