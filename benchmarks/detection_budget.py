@@ -13,7 +13,8 @@ splits the full-length separation into the budget's factors: the part of the cos
 LLR of generated text against it, and the human scores' spread.
 
 It also answers what the strength a model owner can afford buys at best: the ceiling at the issue's target (+10% own
-PPL, 64 tokens) and the cost at which the ceiling, and each method at its measured efficiency, reaches TPR 0.95.
+PPL, 64 tokens), and the cost at 64 tokens, or the tokens at +10%, at which the ceiling, and each method at its
+measured efficiency, reaches TPR 0.95.
 
 Writes benchmarks/results/detection_budget.json and detection_budget.png.
 """
@@ -33,6 +34,7 @@ from openstamp.evaluation.budget import (
     cost_to_reach,
     llr_budget,
     separation,
+    tokens_to_reach,
 )
 from openstamp.methods import REGISTRY
 
@@ -99,22 +101,26 @@ def points(folder: Path) -> list[dict]:
 
 
 def method_efficiency(pts: list[dict]) -> dict[str, dict]:
-    """Per method: the median efficiency over its unsaturated points at full length, and what that efficiency needs
-    to reach the target's TPR at its length."""
+    """Per method: the median efficiency over its unsaturated points at each length, and what the one at full length
+    needs to reach the target's TPR (the token figure assumes it holds at that length: ``by_length`` shows how far it
+    moves from 16 to 64 tokens)."""
     out = {}
     for label in dict.fromkeys(p["method"] for p in pts):
-        effs = [
-            p["lengths"][-1]["efficiency"]
-            for p in pts
-            if p["method"] == label and not p["lengths"][-1]["saturated"] and p["lengths"][-1]["efficiency"]
-        ]
-        if not effs:
+        mine = [p for p in pts if p["method"] == label]
+        by_length = {}
+        for i, row in enumerate(mine[0]["lengths"]):
+            effs = [p["lengths"][i]["efficiency"] for p in mine if not p["lengths"][i]["saturated"]]
+            by_length[str(row["tokens"])] = median(effs) if effs else None
+        effs = [p["lengths"][-1]["efficiency"] for p in mine if not p["lengths"][-1]["saturated"]]
+        if not effs or not all(effs):
             continue
         eff = median(effs)
         out[label] = {
             "efficiency": eff,
             "points": len(effs),
+            "by_length": by_length,
             "own_ppl_change_for_target": cost_to_reach(TARGET["tpr"], TARGET["tokens"], FPR, eff),
+            "tokens_for_target": tokens_to_reach(TARGET["tpr"], TARGET["own_ppl_change"], FPR, eff),
         }
     return out
 
@@ -161,6 +167,7 @@ def main() -> None:
         **TARGET,
         "ceiling_tpr": ceiling_tpr(cost_nats(TARGET["own_ppl_change"]), TARGET["tokens"], FPR),
         "ceiling_own_ppl_change": cost_to_reach(TARGET["tpr"], TARGET["tokens"], FPR),
+        "ceiling_tokens": tokens_to_reach(TARGET["tpr"], TARGET["own_ppl_change"], FPR),
     }
     sweep = json.loads((args.sweep / "results.json").read_text())
     write_result(
@@ -178,12 +185,14 @@ def main() -> None:
     print(
         f"ceiling at +{TARGET['own_ppl_change']:.0%} own PPL, {TARGET['tokens']} tokens: "
         f"TPR {target['ceiling_tpr']:.3f}; TPR {TARGET['tpr']} needs "
-        f"+{target['ceiling_own_ppl_change']:.1%} at the ceiling"
+        f"+{target['ceiling_own_ppl_change']:.1%} at the ceiling, or {target['ceiling_tokens']:.0f} tokens at "
+        f"+{TARGET['own_ppl_change']:.0%}"
     )
     for label, m in methods.items():
         print(
             f"{label:32s} efficiency {m['efficiency']:.2f} ({m['points']} points): TPR {TARGET['tpr']} at "
-            f"{TARGET['tokens']} tokens needs +{m['own_ppl_change_for_target']:.1%}"
+            f"{TARGET['tokens']} tokens needs +{m['own_ppl_change_for_target']:.1%}, at "
+            f"+{TARGET['own_ppl_change']:.0%} {m['tokens_for_target']:.0f} tokens"
         )
     for p in pts:
         if "llr_budget" in p and p["llr_budget"]["seen"] is not None:

@@ -27,6 +27,7 @@ from common import write_result
 from tqdm.auto import tqdm
 
 from openstamp.evaluation.budget import cost_nats, llr_budget
+from openstamp.evaluation.metrics import pooled_tpr_difference_ci
 from openstamp.evaluation.own_ppl import window_nll
 from openstamp.evaluation.results import load_generations
 from openstamp.methods import REGISTRY, create
@@ -55,7 +56,8 @@ def openstamp_runs(results: dict, wanted: list[str]) -> list[dict]:
 
 
 def eval_rows(folder: Path, results: dict, runs: list[dict], model, tokenizer, batch_size: int) -> list[dict]:
-    """Per run of the eval at ``folder``: TPR and budget of the kept (head) LLR and of the full LLR."""
+    """Per run of the eval at ``folder``: TPR and budget of the kept (head) LLR and of the full LLR, and (under
+    ``_scores``, left out of the JSON) each one's (watermarked, human) per-text scores."""
     cfg = results["config"]
     windows = read_json(folder / "data" / "prompts.json", "prompts")
     human = tokenizer.batch_decode([w["human"] for w in windows], skip_special_tokens=True)
@@ -73,6 +75,11 @@ def eval_rows(folder: Path, results: dict, runs: list[dict], model, tokenizer, b
         kept = read_json(folder / "scores" / f"{run['run'].replace('/', '_')}.json", "scores")
         kept_human = np.array([t["score"] for t in kept["human"]], dtype=np.float64)
         kept_marked = np.array([t["score"] for t in kept["watermarked"]], dtype=np.float64)
+        # a text either LLR could not score (too short: None, or empty: nan) is left out of both
+        both = np.isfinite(kept_human) & np.isfinite(full_human)
+        kept_human, full_human = kept_human[both], full_human[both]
+        both = np.isfinite(kept_marked) & np.isfinite(full_marked)
+        kept_marked, full_marked = kept_marked[both], full_marked[both]
         cost, tokens = cost_nats(run["metrics"]["own_ppl_change"]), cfg["new_tokens"]
         rows.append(
             {
@@ -83,10 +90,37 @@ def eval_rows(folder: Path, results: dict, runs: list[dict], model, tokenizer, b
                 "own_ppl_change": run["metrics"]["own_ppl_change"],
                 "head_llr": {"tpr": tpr(kept_marked, kept_human), **llr_budget(kept_human, kept_marked, cost, tokens)},
                 "full_llr": {"tpr": tpr(full_marked, full_human), **llr_budget(full_human, full_marked, cost, tokens)},
+                "_scores": {"head_llr": (kept_marked, kept_human), "full_llr": (full_marked, full_human)},
             }
         )
         del release
     return rows
+
+
+def pooled_gaps(rows: list[dict]) -> list[dict]:
+    """Per method and strength, over the evals' keys: each LLR's pooled TPR@1%FPR and the full LLR's minus the head's,
+    with ``pooled_tpr_difference_ci``'s paired bootstrap over texts (both LLRs score the same texts)."""
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["strength"]), []).append(r)
+    out = []
+    for (method, strength), group in groups.items():
+        full, head = ([r["_scores"][part] for r in group] for part in ("full_llr", "head_llr"))
+        gap, low, high = pooled_tpr_difference_ci(full, head, FPR, paired=True)
+        hits = lambda runs: sum(tpr(m, h) * len(m) for m, h in runs) / sum(len(m) for m, _ in runs)  # noqa: E731
+        out.append(
+            {
+                "method": method,
+                "strength": strength,
+                "keys": len(group),
+                "own_ppl_change": float(np.mean([r["own_ppl_change"] for r in group])),
+                "head_llr": hits(head),
+                "full_llr": hits(full),
+                "gap": gap,
+                "gap_ci": [low, high],
+            }
+        )
+    return out
 
 
 def main() -> None:
@@ -114,13 +148,15 @@ def main() -> None:
     model, tokenizer = load_model(models.pop())
     loaded = [(f, r, runs) for f, r, runs in loaded if runs]
     rows = [row for f, r, runs in loaded for row in eval_rows(f, r, runs, model, tokenizer, args.batch_size)]
+    pooled = pooled_gaps(rows)
     write_result(
         "full_llr",
         {
             "evals": [{"eval": str(f), "created": r["created"]} for f, r, _ in loaded],
             "model": loaded[0][1]["config"]["model"],
             "fpr": FPR,
-            "runs": rows,
+            "pooled": pooled,
+            "runs": [{k: v for k, v in r.items() if k != "_scores"} for r in rows],
         },
     )
     for r in rows:
@@ -129,6 +165,11 @@ def main() -> None:
             f"{r['eval']} {r['run']:24s} +{r['own_ppl_change']:.1%}: head LLR TPR {h['tpr']:.3f} (seen "
             f"{h['seen']:.2f}, signal {h['signal']:.2f}, spread {h['spread']:.2f}); full LLR TPR {f['tpr']:.3f} "
             f"(seen {f['seen']:.2f}, signal {f['signal']:.2f}, spread {f['spread']:.2f})"
+        )
+    for p in pooled:
+        print(
+            f"{p['method']}@{p['strength']:g} over {p['keys']} keys: TPR {p['head_llr']:.3f} -> {p['full_llr']:.3f}, "
+            f"{p['gap']:+.3f} [{p['gap_ci'][0]:+.3f}, {p['gap_ci'][1]:+.3f}]"
         )
 
 

@@ -42,22 +42,52 @@ def _full_llr(full: dict | None, reruns: Path | None = None) -> list[str]:
         return []
     rows = full["runs"]
     where = ", ".join(f"`{e['eval']}`" + _kept_as(e["created"], reruns) for e in full["evals"])
-    diffs = [r["full_llr"]["tpr"] - r["head_llr"]["tpr"] for r in rows]
     span = lambda part, key: _span([r[part] for r in rows], key)  # noqa: E731
-    return [
+    text = (
         f" Scored instead with the LLR of the whole release against the original model, each on its own backbone (two "
         f"forward passes; `python benchmarks/full_llr.py` on {where}: {len(rows)} OpenStamp runs, the same texts), "
-        f"the LLR sees {span('full_llr', 'seen')} of the cost (the head's: {span('head_llr', 'seen')}), but "
+        f"the LLR sees {span('full_llr', 'seen')} of the cost (the head's: {span('head_llr', 'seen')}), with "
         f"signal {span('full_llr', 'signal')} (the head's: {span('head_llr', 'signal')}) and spread "
-        f"{span('full_llr', 'spread')} (the head's: {span('head_llr', 'spread')}); TPR@1%FPR moves by "
-        f"{min(diffs):+.3f} to {max(diffs):+.3f} (mean {sum(diffs) / len(diffs):+.3f})."
-        + (
-            " Reading that cost adds spread, not detection: the re-tie's share of the cost is lost to the detector "
-            "either way."
-            if sum(diffs) / len(diffs) <= 0.01
-            else ""
+        f"{span('full_llr', 'spread')} (the head's: {span('head_llr', 'spread')})."
+    )
+    pooled = full.get("pooled", [])
+    if pooled:
+        up = [_gap(p) for p in pooled if p["gap_ci"][0] > 0]
+        down = [_gap(p) for p in pooled if p["gap_ci"][1] < 0]
+        text += (
+            " Pooled over the keys, its TPR@1%FPR minus the head's (a paired bootstrap over the texts, which both "
+            "score) is "
         )
+        if up or down:
+            text += (
+                f"resolved above 0 at {'; '.join(up) or 'no point'}, below 0 at {'; '.join(down) or 'no point'}, and "
+                f"unresolved at the other {len(pooled) - len(up) - len(down)} of {len(pooled)} method and strength "
+                "points."
+            )
+        else:
+            largest = max(pooled, key=lambda p: abs(p["gap"]))
+            text += f"resolved at none of the {len(pooled)} method and strength points (largest: {_gap(largest)})."
+    return [text]
+
+
+def _gap(p: dict) -> str:
+    return f"{p['method']}@{p['strength']:g} {p['gap']:+.3f} [{p['gap_ci'][0]:+.3f}, {p['gap_ci'][1]:+.3f}]"
+
+
+def _full_llr_table(full: dict | None) -> list[str]:
+    """RESULTS.md's table of the full LLR against the head's, per method and strength pooled over the keys."""
+    if full is None or not full.get("pooled"):
+        return []
+    out = [
+        "| method | strength | keys | own PPL change | TPR@1%FPR, head LLR | full LLR | full minus head [95%] |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
+    for p in full["pooled"]:
+        out.append(
+            f"| {p['method']} | {p['strength']:g} | {p['keys']} | +{p['own_ppl_change']:.1%} | {p['head_llr']:.3f} | "
+            f"{p['full_llr']:.3f} | {p['gap']:+.3f} [{p['gap_ci'][0]:+.3f}, {p['gap_ci'][1]:+.3f}] |"
+        )
+    return out + [""]
 
 
 def detection_budget(
@@ -77,14 +107,21 @@ def detection_budget(
         "sweep and its shrinkage variants (mean over the seeds) reads as d' = Phi^-1(TPR) + 2.326, and its "
         f"efficiency is d' / d*. **At the issue's target, +{t['own_ppl_change']:.0%} own PPL and {t['tokens']} "
         f"tokens, the ceiling is TPR {t['ceiling_tpr']:.3f}; TPR {t['tpr']:g} at {t['tokens']} tokens needs "
-        f"+{t['ceiling_own_ppl_change']:.1%} at the ceiling**, and at each method's median efficiency (over its "
-        "points whose TPR is below 1):",
+        f"+{t['ceiling_own_ppl_change']:.1%} at the ceiling, and at +{t['own_ppl_change']:.0%} it needs "
+        f"{t['ceiling_tokens']:.0f} tokens**; at each method's median efficiency (over its points whose TPR is below "
+        "1):",
         "",
-        f"| method | efficiency d' / d* at {t['tokens']} tokens | points | own PPL change for TPR {t['tpr']:g} |",
-        "|---|---:|---:|---:|",
+        f"| method | efficiency d' / d* at {t['tokens']} tokens | points | own PPL change for TPR {t['tpr']:g} at "
+        f"{t['tokens']} tokens | tokens for TPR {t['tpr']:g} at +{t['own_ppl_change']:.0%} (if the efficiency holds) "
+        f"| efficiency at {' / '.join(next(iter(r['methods'].values()))['by_length'])} tokens |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for label, m in sorted(r["methods"].items(), key=lambda kv: -kv[1]["efficiency"]):
-        out.append(f"| {label} | {m['efficiency']:.2f} | {m['points']} | +{m['own_ppl_change_for_target']:.1%} |")
+        lengths = " / ".join("-" if e is None else f"{e:.2f}" for e in m["by_length"].values())
+        out.append(
+            f"| {label} | {m['efficiency']:.2f} | {m['points']} | +{m['own_ppl_change_for_target']:.1%} | "
+            f"{m['tokens_for_target']:.0f} | {lengths} |"
+        )
     out += ["", "![detection budget](benchmarks/results/detection_budget.png)", ""]
     if not llr:
         return out
@@ -115,6 +152,7 @@ def detection_budget(
                 f"{b['signal']:.2f} | {b['spread']:.2f} | {b['efficiency']:.2f} |"
             )
         out.append("")
+        out += _full_llr_table(full)
     return out
 
 

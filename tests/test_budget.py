@@ -12,6 +12,7 @@ from openstamp.evaluation.budget import (
     cost_to_reach,
     llr_budget,
     separation,
+    tokens_to_reach,
 )
 from openstamp.stats import threshold_at_fpr
 
@@ -82,6 +83,9 @@ def test_cost_to_reach_inverts_the_ceiling():
         change = cost_to_reach(tpr, tokens)
         assert ceiling_tpr(cost_nats(change), tokens) == pytest.approx(tpr, abs=1e-9)
     assert cost_to_reach(0.95, 64, efficiency=0.5) > cost_to_reach(0.95, 64)
+    tokens = tokens_to_reach(0.95, 0.10)
+    assert ceiling_tpr(cost_nats(0.10), tokens) == pytest.approx(0.95, abs=1e-9)
+    assert tokens_to_reach(0.95, 0.10, efficiency=0.5) == pytest.approx(4 * tokens)
     with pytest.raises(ValueError):
         cost_to_reach(1.0, 64)
 

@@ -61,6 +61,7 @@ def test_points_pool_the_seeds_and_split_llr_scores(bench, tmp_path):
     methods = detection_budget.method_efficiency(list(pts.values()))
     assert methods["kgw-llr"]["points"] == 1  # the saturated point is left out
     assert methods["kgw"]["own_ppl_change_for_target"] > methods["kgw-llr"]["own_ppl_change_for_target"]
+    assert methods["kgw"]["tokens_for_target"] > methods["kgw-llr"]["tokens_for_target"]
 
 
 def test_section_ranks_methods_and_states_the_target(bench, tmp_path):
@@ -75,13 +76,14 @@ def test_section_ranks_methods_and_states_the_target(bench, tmp_path):
             "own_ppl_change": 0.1,
             "ceiling_tpr": 0.878,
             "ceiling_own_ppl_change": 0.131,
+            "ceiling_tokens": 83.0,
         },
         "methods": detection_budget.method_efficiency(pts),
         "points": pts,
     }
     rows = summary_budget.detection_budget(result, whole=True)
     text = "\n".join(rows)
-    assert "the ceiling is TPR 0.878" in text and "+13.1% at the ceiling" in text
+    assert "the ceiling is TPR 0.878" in text and "+13.1% at the ceiling" in text and "needs 83 tokens" in text
     table = [r for r in rows if r.startswith("| kgw")]
     assert [r.split(" | ")[0] for r in table[:2]] == ["| kgw-llr", "| kgw"]  # ranked by efficiency
     assert sum(r.startswith("| kgw-llr | ") for r in rows) == 1 + 2  # the method row and one per strength
@@ -92,9 +94,20 @@ def test_section_ranks_methods_and_states_the_target(bench, tmp_path):
 def test_section_reads_the_full_llr_beside_the_head(bench):
     _, summary_budget = bench
     part = {"seen": 0.7, "signal": 0.8, "spread": 1.1}
-    runs = [{"head_llr": {**part, "tpr": 0.6}, "full_llr": {**part, "seen": 0.95, "tpr": tpr}} for tpr in (0.55, 0.62)]
-    full = {"evals": [{"eval": "runs/sweep-s0", "created": "2026-11-29T06:22:48+00:00"}], "runs": runs}
+    runs = [{"head_llr": {**part, "tpr": 0.6}, "full_llr": {**part, "seen": 0.95, "tpr": 0.62}} for _ in range(2)]
+    pooled = [
+        {"method": "openstamp", "strength": s, "keys": 2, "own_ppl_change": 0.1, "head_llr": 0.6, "full_llr": 0.62}
+        | {"gap": gap, "gap_ci": ci}
+        for s, gap, ci in ((0.25, 0.1, [0.02, 0.18]), (0.5, -0.1, [-0.2, -0.01]), (1.0, 0.0, [-0.05, 0.05]))
+    ]
+    full = {"evals": [{"eval": "runs/sweep-s0", "created": "x"}], "runs": runs, "pooled": pooled}
     text = "".join(summary_budget._full_llr(full))
     assert "2 OpenStamp runs" in text and "sees 0.95 of the cost (the head's: 0.70)" in text
-    assert "-0.050 to +0.020 (mean -0.015)" in text
-    assert summary_budget._full_llr(None) == []
+    assert "above 0 at openstamp@0.25 +0.100 [+0.020, +0.180], below 0 at openstamp@0.5 -0.100" in text
+    assert "unresolved at the other 1 of 3" in text
+    assert len(summary_budget._full_llr_table(full)) == 2 + 3 + 1
+    assert summary_budget._full_llr(None) == [] and summary_budget._full_llr_table(None) == []
+    none = {**full, "pooled": [p | {"gap_ci": [-0.2, 0.3]} for p in pooled]}
+    assert "resolved at none of the 3 method and strength points (largest: openstamp@0.25 +0.100" in "".join(
+        summary_budget._full_llr(none)
+    )

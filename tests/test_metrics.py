@@ -135,6 +135,24 @@ def test_pooled_tpr_difference_holds_the_thresholds_error_that_newcombe_leaves_o
         pooled_tpr_difference_ci([(ours_pos, [])], [(other_pos, spread)], 0.01)
 
 
+def test_paired_tpr_difference_redraws_the_same_texts_for_both():
+    """Two detectors of the same texts, one a little better: pairing cancels what they share, so its interval is
+    narrower than the independent one's and still holds the gap; a detector against itself gives exactly 0."""
+    rng = np.random.default_rng(11)
+    keys = []
+    for _ in range(3):
+        signal, human = rng.normal(2.0, 1, 200), rng.normal(0, 1, 200)
+        keys.append((signal, human, signal + rng.normal(0.3, 0.2, 200), human + rng.normal(0, 0.2, 200)))
+    ours = [(better, human_b) for _, _, better, human_b in keys]
+    other = [(signal, human) for signal, human, _, _ in keys]
+    gap, low, high = pooled_tpr_difference_ci(ours, other, 0.01, seed=2, paired=True)
+    _, wide_low, wide_high = pooled_tpr_difference_ci(ours, other, 0.01, seed=2)
+    assert low <= gap <= high and high - low < 0.6 * (wide_high - wide_low)
+    assert pooled_tpr_difference_ci(other, other, 0.01, paired=True) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="same number"):
+        pooled_tpr_difference_ci(ours[:1], [(other[0][0][:100], other[0][1])], 0.01, paired=True)
+
+
 @pytest.mark.parametrize(
     ("counts", "published"),
     [

@@ -80,6 +80,17 @@ def cost_to_reach(tpr: float, tokens: float, fpr: float = 0.01, efficiency: floa
     return math.expm1(d * d / (2.0 * tokens))
 
 
+def tokens_to_reach(tpr: float, own_ppl_change: float, fpr: float = 0.01, efficiency: float = 1.0) -> float:
+    """The scored tokens a detector of this ``efficiency`` needs to reach ``tpr`` at ``fpr`` at this cost:
+    n = (d' / efficiency)^2 / (2 c)."""
+    if not 0.0 < tpr < 1.0 or efficiency <= 0 or own_ppl_change <= 0:
+        raise ValueError(
+            f"need 0 < tpr < 1, efficiency > 0 and a positive cost, got {tpr}, {efficiency}, {own_ppl_change}"
+        )
+    d = max(separation(tpr, fpr), 0.0) / efficiency
+    return d * d / (2.0 * cost_nats(own_ppl_change))
+
+
 def llr_budget(human, watermarked, cost: float, tokens: float) -> dict:
     """Where a mean-LLR score's separation goes, from per-text scores (module docstring): ``seen``, ``signal``,
     ``spread``, their product ``efficiency`` and the separation ``z`` in human standard deviations, which

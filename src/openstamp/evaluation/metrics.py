@@ -120,7 +120,7 @@ def tpr_at_fpr_ci(runs, fpr: float, n_boot: int = 1000, level: float = 0.95, see
 
 
 def pooled_tpr_difference_ci(
-    ours, other, fpr: float, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+    ours, other, fpr: float, n_boot: int = 2000, level: float = 0.95, seed: int = 0, paired: bool = False
 ) -> tuple[float, float, float]:
     """The TPR at ``fpr`` of ``ours`` minus that of ``other``, each pooled over its keys, with a percentile bootstrap
     interval: (gap, low, high). ``ours`` and ``other`` are lists of (positives, negatives), one per key.
@@ -129,11 +129,20 @@ def pooled_tpr_difference_ci(
     threshold, chosen on its own negatives as :func:`tpr_at_fpr` does. Each replicate redraws, inside every key, its
     positives and its negatives with replacement and re-chooses the threshold, so the interval holds the
     threshold's own error as well as the positives'; an interval for two rates over texts alone (Newcombe's) leaves
-    the first out. The keys are not redrawn, and the two methods are drawn independently.
+    the first out. The keys are not redrawn, and the two methods are drawn independently, unless ``paired``: then
+    both score the same texts of each key (the same counts, in the same order), and each replicate redraws the same
+    texts for both, so what the two share cancels in the difference.
     """
     rng = np.random.default_rng(seed)
+    if paired:
+        counts = [(len(p), len(n)) for p, n in ours]
+        if counts != [(len(p), len(n)) for p, n in other]:
+            raise ValueError("paired runs need the same number of positive and negative texts per key")
 
     def pooled(runs) -> tuple[float, np.ndarray]:
+        nonlocal rng
+        if paired:
+            rng = np.random.default_rng(seed)  # the same stream for both: the same texts redrawn
         hits, draws, total = 0, np.zeros(n_boot), 0
         for positives, negatives in runs:
             pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
