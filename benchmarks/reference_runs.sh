@@ -134,6 +134,12 @@ budget() {
   # target (TPR 0.95 at 64 tokens, +10% own PPL) needs (run `sweep` and `shrinkage` first; reads their kept results)
   .venv/bin/python benchmarks/detection_budget.py
 }
+full_llr() {
+  # OpenStamp's runs of the sweep's evals on this machine (runs/sweep-s0, -s1, -s2: `sweep` leaves them, or an at-cost
+  # stage's rerun of a seed) scored with the LLR of the whole release against the original model beside the head's,
+  # as the budget section reads it. About 11 min a key on 2 cores
+  .venv/bin/python benchmarks/full_llr.py
+}
 analyses() {
   # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
   # prompt independence on the durability eval; the LLR detector on Unremovable and GaussMark (their own eval)
@@ -428,9 +434,9 @@ keep() {
 
 main() {
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep sweep_eval shrinkage budget durability analyses
-    edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase paraphrase64
-    paraphrase_timed paraphrase_cost robust_cost durability_cost projection projection_keys)
+  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep sweep_eval shrinkage budget full_llr
+    durability analyses edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase
+    paraphrase64 paraphrase_timed paraphrase_cost robust_cost durability_cost projection projection_keys)
   for stage in "${stages[@]}"; do
     local fn=$stage
     [ "$stage" = eval ] && fn=eval_run

@@ -45,7 +45,8 @@ def _full_llr(full: dict | None, reruns: Path | None = None) -> list[str]:
     span = lambda part, key: _span([r[part] for r in rows], key)  # noqa: E731
     text = (
         f" Scored instead with the LLR of the whole release against the original model, each on its own backbone (two "
-        f"forward passes; `python benchmarks/full_llr.py` on {where}: {len(rows)} OpenStamp runs, the same texts), "
+        f"forward passes; `bash benchmarks/reference_runs.sh full_llr`, i.e. `python benchmarks/full_llr.py`, on "
+        f"{where}: {len(rows)} OpenStamp runs, the same texts), "
         f"the LLR sees {span('full_llr', 'seen')} of the cost (the head's: {span('head_llr', 'seen')}), with "
         f"signal {span('full_llr', 'signal')} (the head's: {span('head_llr', 'signal')}) and spread "
         f"{span('full_llr', 'spread')} (the head's: {span('head_llr', 'spread')})."
