@@ -29,6 +29,7 @@ from statistics import fmean, median
 from common import RESULTS, write_result
 
 from openstamp.evaluation.budget import (
+    ceiling_separation,
     ceiling_tpr,
     cost_nats,
     cost_to_reach,
@@ -70,8 +71,8 @@ def points(folder: Path) -> list[dict]:
             tpr = fmean(
                 next(r["tpr_at_1pct_fpr"] for r in run["length_curve"] if r["tokens"] == tokens) for run in runs
             )
-            ceiling = ceiling_tpr(cost, tokens, FPR)
-            d_star = (2 * tokens * cost) ** 0.5
+            ceiling = ceiling_tpr(max(cost, 0.0), tokens, FPR)  # a strength that lowers own PPL costs nothing
+            d_star = ceiling_separation(max(cost, 0.0), tokens)
             lengths.append(
                 {
                     "tokens": tokens,

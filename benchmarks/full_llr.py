@@ -27,13 +27,12 @@ from common import write_result
 from tqdm.auto import tqdm
 
 from openstamp.evaluation.budget import cost_nats, llr_budget
-from openstamp.evaluation.metrics import pooled_tpr_difference_ci
+from openstamp.evaluation.metrics import pooled_tpr_difference_ci, tpr_at_fpr
 from openstamp.evaluation.own_ppl import window_nll
 from openstamp.evaluation.results import load_generations
 from openstamp.methods import REGISTRY, create
 from openstamp.methods.common import scored_sequences
 from openstamp.models import load_model
-from openstamp.stats import threshold_at_fpr
 from openstamp.storage import read_json
 
 FPR = 0.01
@@ -46,7 +45,7 @@ def text_nll(model, tokenizer, texts: list[str], batch_size: int) -> np.ndarray:
 
 
 def tpr(marked, human) -> float:
-    return float(np.mean(np.asarray(marked) > threshold_at_fpr(human, FPR)))
+    return tpr_at_fpr(marked, human, FPR)["tpr"]
 
 
 def openstamp_runs(results: dict, wanted: list[str]) -> list[dict]:
