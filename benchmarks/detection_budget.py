@@ -27,6 +27,7 @@ from pathlib import Path
 from statistics import fmean, median
 
 from common import RESULTS, write_result
+from summary_sweep import kept_variants
 
 from openstamp.evaluation.budget import (
     ceiling_separation,
@@ -43,24 +44,20 @@ FPR = 0.01
 TARGET = {"tpr": 0.95, "tokens": 64, "own_ppl_change": 0.10}  # issue 15's target for OpenStamp
 
 
-def sweeps(folder: Path) -> list[tuple[str, dict]]:
-    """(label prefix, results) of the sweep and of each kept shrinkage variant beside it (as the summary shows them:
-    '<method> (shrinkage f)')."""
-    out = [("", json.loads((folder / "results.json").read_text()))]
-    for path in sorted((folder.parent / "shrinkage").glob("*/results.json")):
-        v = json.loads(path.read_text())
-        method = v["config"]["methods"][0]
-        out.append((f" (shrinkage {v['config']['method_settings'][method]['shrinkage']:g})", v))
-    return out
+def sweeps(folder: Path) -> list[tuple[str | None, dict]]:
+    """(name, results) of the sweep (name None: each run's method) and of each kept shrinkage variant that matches it,
+    named as the summary shows it ('<method> (shrinkage f)', ``summary_sweep.kept_variants``)."""
+    sweep = json.loads((folder / "results.json").read_text())
+    return [(None, sweep)] + [(name, v) for _, v, _, name, why in kept_variants(sweep, folder) if not why]
 
 
 def points(folder: Path) -> list[dict]:
     """Per method and strength: the seeds' mean cost and TPR per length, the ceiling, the efficiency and, for a
     mean-LLR score, the budget's factors (each the mean over seeds)."""
     groups: dict[tuple[str, float], list[dict]] = {}
-    for suffix, r in sweeps(folder):
+    for name, r in sweeps(folder):
         for run in r["runs"]:
-            groups.setdefault((run["method"] + suffix, run["strength"]), []).append({**run, "_n": r["config"]["n"]})
+            groups.setdefault((name or run["method"], run["strength"]), []).append({**run, "_n": r["config"]["n"]})
     out = []
     for (label, strength), runs in groups.items():
         method = runs[0]["method"]

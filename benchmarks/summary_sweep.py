@@ -107,21 +107,31 @@ def sweep(r: dict, folder: Path, whole: bool = True) -> list[str]:
 VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/<method>-f<f>/: an OpenStamp method with selector shrinkage f
 
 
+def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str]]:
+    """Each kept variant of an OpenStamp method beside the sweep ``r`` (folder/../VARIANTS/*/results.json): its
+    folder, its results, its method, its name '<method> (shrinkage f)', and why it does not match the sweep's seeds,
+    prompts and human text ('' where it does)."""
+    out = []
+    for path in sorted((folder.parent / VARIANTS).glob("*/results.json")):
+        v = json.loads(path.read_text())
+        method = v["config"]["methods"][0]
+        name = f"{method} (shrinkage {v['config']['method_settings'][method]['shrinkage']:g})"
+        same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
+        why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
+        out.append((path.parent, v, method, name, why))
+    return out
+
+
 def with_variants(r: dict, folder: Path) -> tuple[dict, list[str]]:
     """The sweep's results with the points of each kept variant of an OpenStamp method (a merge under
     folder/../VARIANTS/<method>-f<f>/ of the same seeds, prompts and human text, at strengths of its own) added as
     a method of its own, '<method> (shrinkage f)'; and a sentence on what was added, or why a kept variant was not."""
     r = {**r, "summary": list(r["summary"]), "length_curve": list(r.get("length_curve", []))}
     said = []
-    for path in sorted((folder.parent / VARIANTS).glob("*/results.json")):
-        v = json.loads(path.read_text())
-        method = v["config"]["methods"][0]
+    for kept, v, method, name, why in kept_variants(r, folder):
         f = v["config"]["method_settings"][method]["shrinkage"]
-        name = f"{method} (shrinkage {f:g})"
-        same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
-        why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
         if why:
-            said.append(f"`{path.parent}` is kept but not shown: {why}.")
+            said.append(f"`{kept}` is kept but not shown: {why}.")
             continue
         r["summary"] += [{**s, "method": name} for s in v["summary"] if s["method"] == method]
         r["length_curve"] += [{**row, "method": name} for row in v.get("length_curve", []) if row["method"] == method]

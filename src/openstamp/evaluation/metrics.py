@@ -133,16 +133,10 @@ def pooled_tpr_difference_ci(
     both score the same texts of each key (the same counts, in the same order), and each replicate redraws the same
     texts for both, so what the two share cancels in the difference.
     """
-    rng = np.random.default_rng(seed)
-    if paired:
-        counts = [(len(p), len(n)) for p, n in ours]
-        if counts != [(len(p), len(n)) for p, n in other]:
-            raise ValueError("paired runs need the same number of positive and negative texts per key")
+    if paired and [(len(p), len(n)) for p, n in ours] != [(len(p), len(n)) for p, n in other]:
+        raise ValueError("paired runs need the same number of positive and negative texts per key")
 
-    def pooled(runs) -> tuple[float, np.ndarray]:
-        nonlocal rng
-        if paired:
-            rng = np.random.default_rng(seed)  # the same stream for both: the same texts redrawn
+    def pooled(runs, rng) -> tuple[float, np.ndarray]:
         hits, draws, total = 0, np.zeros(n_boot), 0
         for positives, negatives in runs:
             pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
@@ -155,7 +149,10 @@ def pooled_tpr_difference_ci(
             raise ValueError("no keys to pool")
         return hits / total, draws / total
 
-    (ours_rate, ours_draws), (other_rate, other_draws) = pooled(ours), pooled(other)
+    rng = np.random.default_rng(seed)
+    # paired: a stream of its own from the same seed, so each replicate redraws the same texts for both
+    (ours_rate, ours_draws) = pooled(ours, rng)
+    (other_rate, other_draws) = pooled(other, np.random.default_rng(seed) if paired else rng)
     tail, gaps = (1 - level) / 2, ours_draws - other_draws
     return ours_rate - other_rate, float(np.quantile(gaps, tail)), float(np.quantile(gaps, 1 - tail))
 
