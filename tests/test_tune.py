@@ -66,17 +66,21 @@ def test_an_unreachable_target_says_so(keyed):
         tune_delta(model, tokenizer, key, heldout[:1], dataclasses.replace(cfg, n=10_000), progress=False)
 
 
-def test_cli_tune_and_embed_delta_auto(tiny_model_dir, corpus_file, tmp_path):
+def test_cli_tune_and_embed_delta_auto(tiny_model_dir, corpus_file, tmp_path, monkeypatch):
     common = ["--model", str(tiny_model_dir), "--corpus", str(corpus_file), "--quiet"]
     flags = ["--tokens", "16", "--n", "8", "--steps", "1", "--high", "6", "--profile", "small"]
     flags += ["--set", "projection.enabled=false", "--set", "selector.n_lists=8", "--set", "states.n_states=256"]
     flags += ["--set", "states.window_tokens=96", "--set", "selector.min_cluster_size=5"]
-    result = runner.invoke(app, ["tune", "--key", str(tmp_path / "k1"), *common, *flags])
+    monkeypatch.chdir(tmp_path)  # without --key, as the command: the key goes to runs/tune/key
+    result = runner.invoke(app, ["tune", *common, *flags])
     assert result.exit_code == 0, result.output
     assert "delta search" in result.output and "key only" in result.output
-    key = WatermarkKey.load(tmp_path / "k1")
+    k1 = tmp_path / "runs" / "tune" / "key"
+    key = WatermarkKey.load(k1)
     assert key.delta == key.meta["tune"]["delta"]
-    again = ["tune", "--from-key", str(tmp_path / "k1"), "--key", str(tmp_path / "k3"), *common, *flags[:8]]
+    taken = runner.invoke(app, ["tune", *common, *flags])  # that key is not replaced without --overwrite
+    assert taken.exit_code != 0 and "--overwrite" in taken.output and WatermarkKey.load(k1).key_id == key.key_id
+    again = ["tune", "--from-key", str(k1), "--key", str(tmp_path / "k3"), *common, *flags[:8]]
     result = runner.invoke(app, [*again, "--low", "0.5"])
     assert result.exit_code == 0, result.output
     retuned = WatermarkKey.load(tmp_path / "k3")

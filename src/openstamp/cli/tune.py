@@ -19,7 +19,9 @@ from openstamp.cli.embed import print_summary, print_tune, resolve_config
 
 @friendly_errors
 def tune(
-    key: Path = typer.Option(..., "--key", "-k", help="directory for the private key (with the chosen delta)"),
+    key: Path = typer.Option(
+        Path("runs/tune/key"), "--key", "-k", help="directory for the private key (with the chosen delta)"
+    ),
     out: Path | None = typer.Option(None, "--out", "-o", help="also write the watermarked checkpoint here"),
     model: str = ModelOption,
     corpus: str = typer.Option("wikipedia", help="key corpus; its held-out half gives the tuning prompts"),
