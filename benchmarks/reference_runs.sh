@@ -32,6 +32,17 @@ timed() {
   # what each method's full-length threshold passes of human text cut shorter (from its cached length curve)
   .venv/bin/python benchmarks/threshold_lengths.py --eval $T
 }
+timed_again() {
+  # the timed default comparison again, from a cold start as timed() (a run folder and an eval store of its own, empty
+  # at first), to measure what later code costs; kept in eval_timed/rerun/ beside the first, which paraphrase_timed
+  # and threshold_lengths.py read, with the commit it ran (made.json)
+  local T=runs/eval-timed2 K=benchmarks/results/eval_timed/rerun
+  local commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+changes")
+  $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
+  mkdir -p $K
+  cp $T/results.json $T/report.md $T/timings.json $K/
+  printf '{"commit": "%s", "command": "bash benchmarks/reference_runs.sh timed_again"}\n' "$commit" > $K/made.json
+}
 tune_key() {
   # $1 the key folder, $2 the results name (benchmarks/results/$2.json), then any other tune options: the smallest
   # delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs

@@ -26,9 +26,8 @@ from summary_robust import (
     verdict_coverage,
 )
 from summary_sweep import sweep
+from summary_timed import evaluation_retimed, evaluation_timed
 from summary_trust import fpr_per_key, tail_check
-
-from openstamp.evaluation.shards import oracle_dtypes
 
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
@@ -38,11 +37,6 @@ OLDER = (  # figures measured before this release of the detector
     "Measured at commit 737d7d7, with the older top-32 estimate of m, an untied release and no tail bound; "
     "not re-run since."
 )
-
-# The commit that kept OpenStamp's detector (and a re-tied key's copy of the model) across the eval's score calls
-# (b9ac730): evals created before it re-ran the decoder for the length curve's cut texts of both OpenStamp variants.
-DETECTOR_KEPT_FROM = "2026-11-26T04:55:43+00:00"
-CLOCK_FROM = "2026-11-26T05:48:42+00:00"  # fd91c95: the eval rewrites timings.json every minute, not after each run
 
 
 def load(name: str) -> dict | None:
@@ -481,61 +475,6 @@ def evaluation(r: dict) -> list[str]:
     ]
 
 
-def begun_again(invocations: list[dict]) -> str:
-    """The method stages that more than one invocation of a resumed eval spent over a second on (``timings.json``:
-    one record per invocation): a stage cut short by the interruption is begun again, so this is its cost."""
-    seconds: dict[tuple[str, str], list[float]] = {}
-    for record in invocations:
-        for method, stages in record.get("methods", {}).items():
-            for stage, s in stages.items():
-                seconds.setdefault((method, stage), []).append(s)
-    again = {k: v for k, v in seconds.items() if sum(s > 1 for s in v) > 1}
-    if not again:
-        return ""
-    parts = ", ".join(f"{m} {stage} {' + '.join(f'{s:.0f}' for s in v)} s" for (m, stage), v in again.items())
-    return (
-        f" Stages that more than one invocation worked on (one cut short by an interruption is begun again, so its "
-        f"later part is about what resuming cost): {parts}."
-    )
-
-
-def evaluation_timed(r: dict, before: dict | None, invocations: list[dict] | None = None) -> list[str]:
-    """The default comparison from a cold start (``reference_runs.sh timed``): its stages against the kept eval's;
-    ``invocations`` (its ``timings.json``) name what a resumed run did twice."""
-    from openstamp.evaluation.report import timing_lines
-
-    t = r["timings_s"]
-    tprs = ", ".join(f"{row['method']} {row['tpr_at_1pct_fpr']['mean']:.3f}" for row in r["summary"])
-    line = (
-        f"The default comparison from a cold start (`bash benchmarks/reference_runs.sh timed`: `openstamp eval --n "
-        f"{r['config']['n']}`, every method, a new run folder and an empty eval store), measured on "
-        f"{r['created'][:10]}: **{t['total'] / 60:.0f} min** recorded, against the issue's goal of 30 min. "
-        + timing_lines(t)[0]
-    )
-    if not t.get("methods"):
-        line += " (This run began before the eval recorded each method's part, so only the stages are known.)"
-    if t.get("invocations", 1) > 1 and r["created"] < CLOCK_FROM:  # then written after each run only
-        line += " The sums leave out what an interrupted invocation spent on the run it was stopped in."
-    if invocations:
-        line += begun_again(invocations)
-    if oracle_dtypes(r) == ["float32"]:
-        line += f" Its oracle ran in float32 ({t['stages']['oracle']:.0f} s; bfloat16 is the default now, below)."
-    if r["created"] < DETECTOR_KEPT_FROM:
-        line += (
-            " It ran the code before OpenStamp's detector was kept across score calls, so its length stage re-ran "
-            "the decoder for the cut texts of both OpenStamp variants (see the re-tied length curve above)."
-        )
-    if before is not None:
-        b = before["timings_s"]
-        line += (
-            " The kept eval above ran before the hidden-state reuse of own perplexity and of the length curve, own "
-            "perplexity's batched head, the generation batch of 100 (was 32) and the distillation's bfloat16 "
-            f"autocast, partly beside other work: {b['total'] / 60:.0f} min"
-            f"{'' if b.get('complete', True) else ' (incomplete: part of it predates timings)'}."
-        )
-    return [line + f" TPR@1%FPR in this run: {tprs} (one seed, default strengths: near saturation, as above)."]
-
-
 def sweep_memo(r: dict) -> list[str]:
     """What scoring a strength-free detector's negatives once per key saves in the sweep (``sweep_memo.py``)."""
     t = r["total"]
@@ -726,6 +665,8 @@ def render() -> str:
     if (timed := load("eval_timed/results")) is not None:
         invocations = load("eval_timed/timings")
         out += evaluation_timed(timed, json.loads(ev.read_text()) if ev.exists() else None, invocations) + [""]
+        if (again := load("eval_timed/rerun/results")) is not None:
+            out += evaluation_retimed(again, timed, load("eval_timed/rerun/made"), load("eval_timed/rerun/timings"))
     if (memo := load("sweep_memo")) is not None:
         out += sweep_memo(memo) + [""]
     out += paraphrase64(RESULTS / "paraphrase64", "benchmarks/results/paraphrase64")
