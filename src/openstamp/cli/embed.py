@@ -184,7 +184,7 @@ def print_summary(key, model_dir: Path, key_dir: Path) -> None:
         "states",
         f"{stats['n_states']} ({stats['n_train_states']} train / {stats['n_heldout_states']} held out)",
     )
-    table.add_row("gamma / delta", f"{key.gamma} / {key.delta}")
+    table.add_row("gamma / delta", f"{key.gamma:g} / {key.delta:.4g}")
     table.add_row(
         "green lists",
         f"{sel['n_lists']} of {sel['n_lists_requested']} ({sel['n_dropped_clusters']} small ones dropped)",
