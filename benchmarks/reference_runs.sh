@@ -35,7 +35,7 @@ timed() {
 timed_again() {
   # the timed default comparison again, from a cold start as timed() (a run folder and an eval store of its own, empty
   # at first), to measure what later code costs; kept in eval_timed/rerun/ beside the first, which paraphrase_timed
-  # and threshold_lengths.py read, with the commit it ran (made.json)
+  # and threshold_lengths.py read, with the commit it ran (made.json). Not in the default stage list: run it by name
   local T=runs/eval-timed2 K=benchmarks/results/eval_timed/rerun
   local commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+changes")
   $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
