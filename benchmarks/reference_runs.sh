@@ -21,14 +21,19 @@ eval_run() {
   $OPENSTAMP eval --model smollm2-135m \
     --n 200 --out $EVAL
 }
+cold_eval() {
+  # $1 the run folder, $2 where its results, report and timings are kept: `openstamp eval --n 200`, every method, with
+  # an eval store of the run's own ($1-store), empty at first, so every key, completion and score is made in it
+  $OPENSTAMP eval --model smollm2-135m --n 200 --store $1-store --out $1
+  mkdir -p $2
+  cp $1/results.json $1/report.md $1/timings.json $2/
+}
 timed() {
   # the default comparison from a cold start, timed (the goal: 30 min on this machine): a run folder and
   # an eval store of its own, empty at first, so every key, completion and score is made here. Resumable: a killed
   # invocation keeps its seconds, and the sums cover every invocation
   local T=runs/eval-timed
-  $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
-  mkdir -p benchmarks/results/eval_timed
-  cp $T/results.json $T/report.md $T/timings.json benchmarks/results/eval_timed/
+  cold_eval $T benchmarks/results/eval_timed
   # what each method's full-length threshold passes of human text cut shorter (from its cached length curve)
   .venv/bin/python benchmarks/threshold_lengths.py --eval $T
 }
@@ -38,9 +43,7 @@ timed_again() {
   # and threshold_lengths.py read, with the commit it ran (made.json). Not in the default stage list: run it by name
   local T=runs/eval-timed2 K=benchmarks/results/eval_timed/rerun
   local commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+changes")
-  $OPENSTAMP eval --model smollm2-135m --n 200 --store $T-store --out $T
-  mkdir -p $K
-  cp $T/results.json $T/report.md $T/timings.json $K/
+  cold_eval $T $K
   printf '{"commit": "%s", "command": "bash benchmarks/reference_runs.sh timed_again"}\n' "$commit" > $K/made.json
 }
 tune_key() {

@@ -3,7 +3,7 @@ per stage and per method, and a later run of it with later code beside the first
 
 from __future__ import annotations
 
-from openstamp.evaluation.report import timing_lines
+from openstamp.evaluation.report import method_seconds, timing_lines
 from openstamp.evaluation.shards import oracle_dtypes
 
 # The commit that kept OpenStamp's detector (and a re-tied key's copy of the model) across the eval's score calls
@@ -97,7 +97,7 @@ def evaluation_retimed(
     for name in sorted(set(a["stages"]) | set(f["stages"]), key=lambda s: -a["stages"].get(s, 0.0)):
         if max(a["stages"].get(name, 0.0), f["stages"].get(name, 0.0)) >= 1:
             rows.append(row(name, f["stages"].get(name), a["stages"].get(name)))
-    spent = {side: {m: sum(v.values()) for m, v in t.get("methods", {}).items()} for side, t in (("f", f), ("a", a))}
+    spent = {"f": method_seconds(f), "a": method_seconds(a)}
     for name in sorted(set(spent["a"]) | set(spent["f"]), key=lambda m: -spent["a"].get(m, 0.0)):
         rows.append(row(f"method: {name}", spent["f"].get(name), spent["a"].get(name)))
     outside = {side: t["total"] - sum(spent[side].values()) for side, t in (("f", f), ("a", a))}

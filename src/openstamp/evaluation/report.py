@@ -286,6 +286,12 @@ def _longest_first(seconds: dict[str, float], unit: str = "") -> str:
     return ", ".join(f"{name} {sec:.0f}{unit}" for name, sec in _by_size(seconds))
 
 
+def method_seconds(t: dict) -> dict[str, float]:
+    """Each method's seconds over its stages (``timings_s["methods"]``; empty for a run that predates them): what
+    the total leaves outside them is the unwatermarked sets, the original model and the oracle."""
+    return {name: sum(stages.values()) for name, stages in t.get("methods", {}).items()}
+
+
 def timing_lines(t: dict) -> list[str]:
     """Each stage's seconds, longest first, and the total (``timings_s`` of a results file)."""
     stages = _longest_first(t["stages"], " s")
@@ -295,7 +301,7 @@ def timing_lines(t: dict) -> list[str]:
         f"{t['total']:.0f} s ({t['total'] / 60:.0f} min)."
     )
     if methods := t.get("methods"):
-        spent = {name: sum(stages.values()) for name, stages in methods.items()}
+        spent = method_seconds(t)
         parts = [f"{name} {sec:.0f} s ({_longest_first(methods[name])})" for name, sec in _by_size(spent)]
         line += (
             f" Per method (its keys, completions, scores and the rest of its runs): {'; '.join(parts)}; "
