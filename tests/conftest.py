@@ -174,8 +174,8 @@ def model_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def eval_dir(model_dir, corpus_file, tmp_path_factory):
     """A finished tiny evaluation: 8 prompts, 32-token completions, no perplexity oracle."""
-    from openstamp.config import EvalConfig
-    from openstamp.evaluation.pipeline import run_eval
+    from openstamp.lab.evaluation.config import EvalConfig
+    from openstamp.lab.evaluation.pipeline import run_eval
 
     out = tmp_path_factory.mktemp("eval")
     cfg = EvalConfig.from_dict(

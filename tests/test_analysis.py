@@ -4,9 +4,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from openstamp.analysis.lists import green_size, jaccard, overlap, top_sets
 from openstamp.cli import app
 from openstamp.key.key import WatermarkKey
+from openstamp.lab.analysis.lists import green_size, jaccard, overlap, top_sets
 
 
 def test_overlap_and_jaccard_on_states_that_select_one_list_each():
@@ -47,7 +47,7 @@ def test_analyze_lists_refuses_a_key_of_another_model(release, tmp_path):
 
 
 def test_position_gap_is_the_mean_absolute_difference_per_position():
-    from openstamp.analysis.prompt import position_gap
+    from openstamp.lab.analysis.prompt import position_gap
 
     first, gap = position_gap([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], [[0.0, 2.0, 1.0], [1.0, 1.0]])
     assert first == 0 and gap.tolist() == [1.0, 0.5, 1.5]  # aligned at the end: position 0 has one text
@@ -70,7 +70,7 @@ def test_analyze_prompt_scores_each_completion_with_and_without_its_prompt(eval_
 def test_text_llr_is_the_difference_of_mean_nlls():
     from conftest import make_model
 
-    from openstamp.analysis.llr import text_llr
+    from openstamp.lab.analysis.llr import text_llr
     from openstamp.patch import head
 
     model, marked = make_model(tied=False, vocab_size=64), make_model(tied=False, vocab_size=64)

@@ -13,12 +13,14 @@ from conftest import ATTACK_METHODS as METHODS
 from conftest import make_corpus, make_model
 from typer.testing import CliRunner
 
-import openstamp.attacks.finetune as finetune
-from openstamp.attacks.common import open_eval, select_runs
-from openstamp.attacks.edits import EditConfig, edit_tokens, run_edit
-from openstamp.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
-from openstamp.attacks.inversion import InversionConfig, run_inversion
-from openstamp.attacks.paraphrase import (
+import openstamp.lab.attacks.finetune as finetune
+from openstamp.cli import app
+from openstamp.corpus import Document
+from openstamp.lab.attacks.common import open_eval, select_runs
+from openstamp.lab.attacks.edits import EditConfig, edit_tokens, run_edit
+from openstamp.lab.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
+from openstamp.lab.attacks.inversion import InversionConfig, run_inversion
+from openstamp.lab.attacks.paraphrase import (
     ParaphraseConfig,
     _real_table,
     cut_to,
@@ -26,15 +28,14 @@ from openstamp.attacks.paraphrase import (
     request_ids,
     run_paraphrase,
 )
-from openstamp.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
-from openstamp.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit, train_head
-from openstamp.attacks.similarity import measure_quality, ngram_survival
-from openstamp.cli import app
-from openstamp.corpus import Document
-from openstamp.evaluation.metrics import clopper_pearson, tpr_at_fpr
-from openstamp.evaluation.report import write_report
-from openstamp.evaluation.results import against
+from openstamp.lab.attacks.quantize import QuantizeConfig, quantize_int8, quantize_model, quantize_nf4, run_quantize
+from openstamp.lab.attacks.reinit import ReinitConfig, head_nll, install_head, run_reinit, train_head
+from openstamp.lab.attacks.similarity import measure_quality, ngram_survival
+from openstamp.lab.evaluation.metrics import tpr_at_fpr
+from openstamp.lab.evaluation.report import write_report
+from openstamp.lab.evaluation.results import against
 from openstamp.patch import head
+from openstamp.stats import clopper_pearson
 
 runner = CliRunner()
 CHAT_TEMPLATE = (
@@ -110,9 +111,9 @@ def test_the_weight_attacks_take_at_cost_too(eval_dir, tmp_path):
     """Fine-tuning, merging, pruning and instruction tuning choose their runs at equal cost as well: `attack merge
     --at-cost` records the setting, leaves out the decode-time method, and its section names each run with its cost;
     every such attack refuses a perplexity change of -100% or below."""
-    from openstamp.attacks.instruct import InstructConfig
-    from openstamp.attacks.merge import MergeConfig
-    from openstamp.attacks.prune import PruneConfig
+    from openstamp.lab.attacks.instruct import InstructConfig
+    from openstamp.lab.attacks.merge import MergeConfig
+    from openstamp.lab.attacks.prune import PruneConfig
 
     cost = {r["run"]: r["metrics"]["own_ppl_change"] for r in open_eval(eval_dir).runs}
     out = tmp_path / "merge-at-cost"
@@ -569,10 +570,10 @@ def test_attack_options_default_to_their_settings():
     import inspect
     from dataclasses import fields
 
-    from openstamp.attacks.instruct import InstructConfig
-    from openstamp.attacks.merge import MergeConfig
-    from openstamp.attacks.prune import PruneConfig
-    from openstamp.cli import attack, durability
+    from openstamp.lab.attacks.instruct import InstructConfig
+    from openstamp.lab.attacks.merge import MergeConfig
+    from openstamp.lab.attacks.prune import PruneConfig
+    from openstamp.lab.cli import attack, durability
 
     commands = {
         attack.paraphrase: ParaphraseConfig,

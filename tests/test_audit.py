@@ -9,10 +9,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from openstamp.audit import audit, sketch_rank
 from openstamp.cli import app as cli
 from openstamp.key import WatermarkKey
 from openstamp.patch import apply_watermark, head
+from openstamp.release.audit import audit, sketch_rank
 
 runner = CliRunner()
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from openstamp.evaluation.budget import (
+from openstamp.lab.evaluation.budget import (
     ceiling_separation,
     ceiling_tpr,
     cost_nats,

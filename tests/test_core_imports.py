@@ -1,5 +1,7 @@
-"""The core install detects texts without the optional extras (serve, eval, attacks, corpora, ray, vllm)."""
+"""The core install detects texts without the optional extras (serve, lab, corpora, ray, vllm), and the product
+never imports the lab."""
 
+import ast
 import json
 import os
 import subprocess
@@ -9,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-EXTRAS = ("fastapi", "uvicorn", "peft", "matplotlib", "gensim", "datasets", "ray", "vllm")
+EXTRAS = (
+    "fastapi", "uvicorn", "peft", "matplotlib", "gensim", "datasets", "ray", "vllm",
+    "lm_eval", "bitsandbytes", "hqq", "optimum",
+)  # fmt: skip
+SRC = Path(__file__).parents[1] / "src" / "openstamp"
 
 # A child interpreter in which the extras cannot be imported and importlib.util.find_spec does not
 # find them, as if they were never installed (a None entry in sys.modules does both).
@@ -34,21 +40,58 @@ def test_detection_runs_without_the_extras(release):
     import json, sys
     from typer.testing import CliRunner
     from openstamp import Detector
-    from openstamp.cli import app
 
     text = "the river city council voted on a new plan for public parks and schools while farmers reported rain"
     detector = Detector.from_pretrained({str(release / "model")!r}, {str(release / "key")!r})
     api = detector.detect([text])[0]
+    lab = sorted(m for m in sys.modules if m.startswith("openstamp.lab"))  # the library alone: none
+    from openstamp.cli import app  # the command line adds the lab's commands, which import no lab extra
+
     args = ["detect", "--model", {str(release / "model")!r}, "--key", {str(release / "key")!r}]
     cli = CliRunner().invoke(app, [*args, "--min-tokens", "4", "--quiet", "--text", text])
     assert cli.exit_code == 0, cli.output
     loaded = sorted(m for m, v in sys.modules.items() if v is not None and m.split(".")[0] in {EXTRAS!r})
-    print(json.dumps({{"api": api.status, "cli": json.loads(cli.stdout)["status"], "loaded": loaded}}))
+    print(json.dumps({{"api": api.status, "cli": json.loads(cli.stdout)["status"], "loaded": loaded, "lab": lab}}))
     """
     child = run_child(code)
     assert child.returncode == 0, child.stderr[-3000:]
     report = json.loads(child.stdout.strip().splitlines()[-1])
-    assert report == {"api": "ok", "cli": "ok", "loaded": []}
+    assert report == {"api": "ok", "cli": "ok", "loaded": [], "lab": []}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an ``import`` or ``from ... import`` in ``path`` names, at any depth."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_the_product_never_imports_the_lab():
+    product = [p for p in SRC.rglob("*.py") if "lab" not in p.relative_to(SRC).parts]
+    assert len(product) > 30  # the walk found the package
+    offenders = {
+        str(p.relative_to(SRC)): sorted(m for m in imported_modules(p) if m.startswith("openstamp.lab"))
+        for p in product
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_lab_commands_join_the_cli_through_the_entry_point():
+    from importlib.metadata import entry_points
+
+    from typer.main import get_command
+
+    from openstamp.cli import app
+
+    assert [e.value for e in entry_points(group="openstamp.cli")] == ["openstamp.lab.cli:register"]
+    names = set(get_command(app).commands)
+    assert {"embed", "detect", "calibrate", "serve", "audit", "export", "demo", "tune"} <= names
+    assert {"eval", "report", "store", "merge-runs", "attack", "analyze"} <= names
 
 
 @pytest.mark.parametrize(

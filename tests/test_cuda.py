@@ -59,7 +59,7 @@ def test_eval_on_cuda_runs_every_method(tmp_path, tokenizer, corpus_file):
     may lack the packaged sentence embedder."""
     from test_evaluation import METHODS, tiny_eval
 
-    from openstamp.evaluation.pipeline import run_eval
+    from openstamp.lab.evaluation.pipeline import run_eval
 
     model = tmp_path / "model"
     make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(model)

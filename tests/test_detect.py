@@ -177,7 +177,11 @@ def test_texts_cut_from_scored_ones_take_their_token_statistics_inside_a_cache(s
     other = "a text that starts no scored one"
     config = DetectConfig(min_tokens=4)
     fresh = Detector(setup["model"], setup["tok"], setup["key"], config).detect([*cuts, other])
+    from openstamp.lab.evaluation.memo import StatsMemo
+
     det = Detector(setup["model"], setup["tok"], setup["key"], config)
+    assert det.memo is None  # the product keeps nothing unless its caller sets a memo
+    det.memo = StatsMemo()
     rows, real = [], detector_module.token_stats
     monkeypatch.setattr(detector_module, "token_stats", lambda h, *a, **k: rows.append(len(h)) or real(h, *a, **k))
     det.detect(texts)
@@ -212,8 +216,8 @@ def test_p_values_needed_to_a_level_skip_the_tail_bound_and_decide_alike(setup):
 
 def test_the_statistics_memo_is_bounded_and_a_new_cache_or_precision_empties_it():
     from openstamp.detect.llr import TokenStats
-    from openstamp.detect.memo import StatsMemo
     from openstamp.hidden import HiddenCache
+    from openstamp.lab.evaluation.memo import StatsMemo
 
     def stats(n: int) -> TokenStats:
         x = torch.arange(n, dtype=torch.float32)

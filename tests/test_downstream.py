@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from openstamp.evaluation.downstream import LOCAL_TASKS, build_local_tasks, change, processed_logits, task_names
+from openstamp.lab.evaluation.downstream import LOCAL_TASKS, build_local_tasks, change, processed_logits, task_names
 
 WORDS = "river market energy glacier museum village harbour station garden bridge mountain island".split()
 
@@ -73,8 +73,8 @@ def test_eval_reports_downstream_accuracy_against_the_original(model_dir, senten
     pytest.importorskip("lm_eval")
     import numpy as np
 
-    from openstamp.config import EvalConfig
-    from openstamp.evaluation.pipeline import run_eval
+    from openstamp.lab.evaluation.config import EvalConfig
+    from openstamp.lab.evaluation.pipeline import run_eval
 
     cfg = EvalConfig.from_dict(
         {

@@ -4,13 +4,13 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-import openstamp.evaluation.pipeline as pipeline
+import openstamp.lab.evaluation.pipeline as pipeline
 from openstamp import load_model
 from openstamp.cli import app
-from openstamp.config import EvalConfig
-from openstamp.evaluation.metrics import METRICS
-from openstamp.evaluation.report import COLUMNS, fmt, shown_columns, timing_lines
-from openstamp.evaluation.timings import StageClock, record_timings
+from openstamp.lab.evaluation.config import EvalConfig
+from openstamp.lab.evaluation.metrics import METRICS
+from openstamp.lab.evaluation.report import COLUMNS, fmt, shown_columns, timing_lines
+from openstamp.lab.evaluation.timings import StageClock, record_timings
 from openstamp.monitor import machine
 
 runner = CliRunner()
@@ -114,7 +114,7 @@ def test_every_method_detects_itself_on_the_tiny_model(finished_run):
 
 
 def test_every_run_reports_its_own_perplexity_against_the_original(finished_run):
-    from openstamp.evaluation.own_ppl import perplexity
+    from openstamp.quality import perplexity
 
     out, results, _ = finished_run
     original = results["references"]["human"]["own_ppl_original"]
@@ -130,9 +130,9 @@ def test_every_run_reports_its_own_perplexity_against_the_original(finished_run)
 def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_run, model_dir, corpus_file):
     """The eval starts a keeps_hidden method's own perplexity from the original's cached states; recomputed here
     with the key applied and no cache (in the run's own_ppl_dtype), every run's NLLs are the same."""
-    from openstamp.evaluation.own_ppl import window_nll
     from openstamp.hidden import autocast_decoder
     from openstamp.models import load_model
+    from openstamp.quality import window_nll
     from openstamp.text import bos_prefix
 
     out, results, _ = finished_run
@@ -170,8 +170,8 @@ def test_the_oracle_records_its_dtype_and_another_dtype_rescores_only_the_perple
 ):
     import shutil
 
-    from openstamp.evaluation.oracle import load_perplexities
-    from openstamp.evaluation.scoring import oracle_dtype
+    from openstamp.lab.evaluation.oracle import load_perplexities
+    from openstamp.lab.evaluation.scoring import oracle_dtype
 
     out, results, methods = finished_run
     fast = oracle_dtype(tiny_eval(model_dir, corpus_file, methods))
@@ -203,7 +203,7 @@ def test_the_eval_dtypes_are_recorded_resolved_and_a_run_from_before_them_ran_in
 ):
     import shutil
 
-    from openstamp.attacks.common import open_eval
+    from openstamp.lab.attacks.common import open_eval
     from openstamp.models import fast_dtype
 
     out, results, methods = finished_run
@@ -247,7 +247,7 @@ def test_a_detector_marked_strength_free_scores_alike_at_every_strength(finished
 
 
 def test_a_sweep_scores_the_negatives_of_a_strength_free_detector_once(model_dir, corpus_file, tmp_path, monkeypatch):
-    from openstamp.methods.gaussmark import GaussMark
+    from openstamp.lab.methods.gaussmark import GaussMark
 
     scored = []
     real = GaussMark.score
@@ -342,7 +342,7 @@ def test_each_run_records_the_digest_of_the_key_that_made_it(finished_run, tmp_p
     import torch
     from safetensors.torch import load_file, save_file
 
-    from openstamp.methods.common import key_digest
+    from openstamp.lab.methods.common import key_digest
 
     out, results, _ = finished_run
     digest = {r["method"]: r["key_sha256"] for r in results["runs"]}
@@ -361,7 +361,7 @@ def test_each_run_records_the_digest_of_the_key_that_made_it(finished_run, tmp_p
 
 
 def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
-    from openstamp.evaluation.lengths import lengths_path
+    from openstamp.lab.evaluation.lengths import lengths_path
     from openstamp.storage import read_json
 
     out, results, methods = finished_run
@@ -387,8 +387,8 @@ def test_the_eval_scores_decide_at_its_p_level_so_openstamp_skips_its_tail_bound
     from types import SimpleNamespace
 
     from openstamp.detect import detector
-    from openstamp.evaluation import scoring
-    from openstamp.evaluation.lengths import LEVEL
+    from openstamp.lab.evaluation import scoring
+    from openstamp.lab.evaluation.lengths import LEVEL
 
     levels = []
 
@@ -406,7 +406,7 @@ def test_the_eval_scores_decide_at_its_p_level_so_openstamp_skips_its_tail_bound
 
 
 def test_length_curve_maths():
-    from openstamp.evaluation.lengths import curve, run_lengths
+    from openstamp.lab.evaluation.lengths import curve, run_lengths
 
     assert run_lengths((128, 16, 64, 32, 200), 100) == [16, 32, 64] and run_lengths((), 100) == []
 
@@ -436,7 +436,7 @@ def test_a_swept_length_curve_gets_one_panel_per_method(tmp_path):
     comparison with one strength per method: every line in one panel."""
     from matplotlib.image import imread
 
-    from openstamp.evaluation.report import _length_plot
+    from openstamp.lab.evaluation.report import _length_plot
 
     def rows(grid):
         return [
@@ -456,8 +456,8 @@ def test_a_swept_length_curve_gets_one_panel_per_method(tmp_path):
 
 def test_cut_texts_scored_from_the_full_texts_states_match_a_plain_scoring(finished_run):
     """The length stage runs after the score stage inside one cache: a cut text takes the states of its full text."""
-    from openstamp.evaluation.lengths import lengths_path
     from openstamp.hidden import HiddenCache, autocast_decoder, reusing
+    from openstamp.lab.evaluation.lengths import lengths_path
     from openstamp.storage import read_json
 
     out, results, _ = finished_run
@@ -485,8 +485,8 @@ def test_cut_texts_scored_from_the_full_texts_states_match_a_plain_scoring(finis
 
 
 def test_lengths_cached_with_another_cut_are_scored_again(tmp_path):
-    from openstamp.evaluation.lengths import lengths_path, score_lengths
-    from openstamp.methods.base import MethodScore
+    from openstamp.lab.evaluation.lengths import lengths_path, score_lengths
+    from openstamp.lab.methods.base import MethodScore
 
     class Tokenizer:
         def batch_decode(self, ids, skip_special_tokens):

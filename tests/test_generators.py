@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from openstamp import generators
-from openstamp.generators import select_generator, vllm_completions
+from openstamp.lab import generators
+from openstamp.lab.generators import select_generator, vllm_completions
 
 
 @pytest.fixture
@@ -81,8 +81,8 @@ def test_vllm_glue_loads_the_checkpoint_as_is_and_samples_fixed_lengths(fake_vll
 def test_eval_generation_set_uses_vllm_for_weight_level_sets_only(fake_vllm, monkeypatch, tmp_path, tokenizer):
     from conftest import make_model
 
-    from openstamp.evaluation.pipeline import generate_set
-    from openstamp.generators import GeneratorChoice
+    from openstamp.lab.evaluation.pipeline import generate_set
+    from openstamp.lab.generators import GeneratorChoice
 
     cfg = types.SimpleNamespace(batch_size=2, new_tokens=5, temperature=1.0, top_p=1.0, sample_dtype="float32")
     model, prompts = make_model(False, len(tokenizer)), [[5, 6], [7], [8, 9, 10]]
@@ -96,6 +96,6 @@ def test_eval_generation_set_uses_vllm_for_weight_level_sets_only(fake_vllm, mon
     assert not (tmp_path / "vllm-model").exists()  # the exported weights are removed after sampling
     fake_vllm.clear()
     processor = object()  # a decode-time method (KGW) needs transformers' logits processors
-    monkeypatch.setattr("openstamp.evaluation.pipeline.sample_completions", lambda *a, **k: [[3] * 5] * len(a[2]))
+    monkeypatch.setattr("openstamp.lab.evaluation.pipeline.sample_completions", lambda *a, **k: [[3] * 5] * len(a[2]))
     ids = generate_set(tmp_path, "kgw@1/s0", model, tokenizer, prompts, cfg, 0, processor, False, vllm)
     assert ids == [[3] * 5] * 3 and fake_vllm == {}

@@ -11,16 +11,16 @@ from sklearn.metrics import roc_auc_score
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from typer.testing import CliRunner
 
-from openstamp import gguf_export
 from openstamp.cli import app
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
 from openstamp.generate import sample_completions
-from openstamp.gguf_export import export_gguf, tensor_type
-from openstamp.gguf_quants import encode, roundtrip
 from openstamp.key import WatermarkKey
 from openstamp.models import load_model
 from openstamp.patch import is_tied
+from openstamp.release import gguf_export
+from openstamp.release.gguf_export import export_gguf, tensor_type
+from openstamp.release.gguf_quants import encode, roundtrip
 from openstamp.watermark import embed
 
 runner = CliRunner()
@@ -85,7 +85,7 @@ def golden_input() -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", CODECS)
 def test_encoders_match_llama_cpp_byte_for_byte(qtype, monkeypatch):
-    monkeypatch.setattr("openstamp.gguf_quants.CHUNK_WEIGHTS", 3 * 512)  # chunking must not change the bytes
+    monkeypatch.setattr("openstamp.release.gguf_quants.CHUNK_WEIGHTS", 3 * 512)  # chunking must not change the bytes
     assert hashlib.sha256(encode(golden_input(), qtype).tobytes()).hexdigest() == LLAMA_CPP_SHA256[qtype]
 
 
@@ -190,7 +190,7 @@ def test_export_errors(stamped, tokenizer, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m"])
 def test_the_attack_path_gives_the_weights_of_an_exported_file(tiny_model_dir, tmp_path, quant):
-    from openstamp.attacks.quantizers import quantize_model
+    from openstamp.lab.attacks.quantizers import quantize_model
 
     path = tmp_path / "m.gguf"
     export_gguf(tiny_model_dir, path, quant)

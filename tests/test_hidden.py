@@ -14,7 +14,7 @@ from openstamp.hidden import (
     plan_windows,
     reusing,
 )
-from openstamp.methods.common import right_padded
+from openstamp.lab.methods.common import right_padded
 
 
 def setup(tiny_model_dir, corpus_file):

@@ -10,8 +10,10 @@ from conftest import make_model
 from test_attacks import CHAT_TEMPLATE
 from typer.testing import CliRunner
 
-from openstamp.attacks.common import open_eval
-from openstamp.attacks.instruct import (
+from openstamp.cli import app
+from openstamp.errors import CorpusError
+from openstamp.lab.attacks.common import open_eval
+from openstamp.lab.attacks.instruct import (
     InstructConfig,
     build_offline_set,
     encode_example,
@@ -19,9 +21,7 @@ from openstamp.attacks.instruct import (
     read_examples,
     run_instruct,
 )
-from openstamp.cli import app
-from openstamp.errors import CorpusError
-from openstamp.training import prepare, train
+from openstamp.lab.training import prepare, train
 
 runner = CliRunner()
 ROWS = [

@@ -12,12 +12,12 @@ from transformers import LogitsProcessorList
 
 from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
-from openstamp.methods import REGISTRY, create
-from openstamp.methods.kgw_distilled import KGWDistilledConfig, _kl_loss, mean_teacher_kl, teacher_kl
+from openstamp.lab.methods import REGISTRY, create
+from openstamp.lab.methods.kgw_distilled import KGWDistilledConfig, _kl_loss, mean_teacher_kl, teacher_kl
+from openstamp.lab.training import training_windows
 from openstamp.models import load_model
 from openstamp.patch import head
 from openstamp.text import encode
-from openstamp.training import training_windows
 
 TINY_BUDGET = {"steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2}  # learns the tiny model's lists
 
@@ -168,7 +168,7 @@ def test_budget_is_validated():
 
 def eval_config(model_dir, corpus_file, **overrides):
     """A tiny eval of kgw-distilled alone: 32 new tokens, no oracle."""
-    from openstamp.config import EvalConfig
+    from openstamp.lab.evaluation.config import EvalConfig
 
     return EvalConfig.from_dict(
         {
@@ -189,8 +189,8 @@ def eval_config(model_dir, corpus_file, **overrides):
 
 def test_eval_caches_the_key_and_the_finetune_attack_takes_it(model_dir, corpus_file, tmp_path):
     """kgw-distilled is weight-level: the eval saves its weights with the key, and the attack reloads them."""
-    from openstamp.attacks.finetune import FinetuneConfig, run_finetune
-    from openstamp.evaluation.pipeline import run_eval
+    from openstamp.lab.attacks.finetune import FinetuneConfig, run_finetune
+    from openstamp.lab.evaluation.pipeline import run_eval
 
     settings = {"delta": 3.0, **TINY_BUDGET}
     cfg = eval_config(
@@ -211,8 +211,8 @@ def test_a_sweep_distils_one_key_per_delta_and_attacks_find_each(model_dir, corp
     """A key trained at its strength: the eval builds one per delta of the grid; no run reuses another's."""
     from safetensors.torch import load_file
 
-    from openstamp.attacks.common import load_method, open_eval
-    from openstamp.evaluation.pipeline import run_eval
+    from openstamp.lab.attacks.common import load_method, open_eval
+    from openstamp.lab.evaluation.pipeline import run_eval
 
     cfg = eval_config(
         model_dir,
@@ -242,7 +242,7 @@ def test_a_key_distilled_before_autocast_existed_is_refused_under_bfloat16(model
 
     import pytest
 
-    from openstamp.evaluation.pipeline import run_eval
+    from openstamp.lab.evaluation.pipeline import run_eval
 
     settings = {"delta": 3.0, **TINY_BUDGET, "steps": 10}
     cfg = {"n": 4, "lengths": [], "strengths": {"kgw-distilled": 3.0}}

@@ -9,8 +9,8 @@ import torch
 from conftest import make_model
 from typer.testing import CliRunner
 
-from openstamp.attacks.merge import MergeConfig, lerp, merge_models, run_merge, slerp, task_merge
 from openstamp.cli import app
+from openstamp.lab.attacks.merge import MergeConfig, lerp, merge_models, run_merge, slerp, task_merge
 from openstamp.patch import head, is_tied
 
 runner = CliRunner()

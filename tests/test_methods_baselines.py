@@ -15,11 +15,11 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from openstamp.corpus import load_documents
 from openstamp.generate import sample_completions
 from openstamp.hidden import autocast_decoder, final_hidden
-from openstamp.methods import REGISTRY, Carrier, create
-from openstamp.methods.base import score_dicts
-from openstamp.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
-from openstamp.methods.gaussmark import gradient_projection, up_proj
-from openstamp.methods.kgw import _DOMAIN as KGW_DOMAIN
+from openstamp.lab.methods import REGISTRY, Carrier, create
+from openstamp.lab.methods.base import score_dicts
+from openstamp.lab.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
+from openstamp.lab.methods.gaussmark import gradient_projection, up_proj
+from openstamp.lab.methods.kgw import _DOMAIN as KGW_DOMAIN
 from openstamp.models import load_model
 from openstamp.patch import head
 from openstamp.text import encode, never_green_ids

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from openstamp.evaluation.metrics import (
+from openstamp.lab.evaluation.metrics import (
     auroc,
     bootstrap_ci,
     pooled_tpr_difference_ci,

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import make_model
 
-from openstamp.evaluation.own_ppl import change, perplexity, window_nll
-from openstamp.methods.kgw import GreenLists, KGWProcessor
+from openstamp.lab.methods.kgw import GreenLists, KGWProcessor
+from openstamp.quality import change, perplexity, window_nll
 
 
 def windows(n=5, prompt=12, cont=20, vocab=300, seed=0):

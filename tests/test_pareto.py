@@ -1,6 +1,6 @@
 import pytest
 
-from openstamp.evaluation.pareto import (
+from openstamp.lab.evaluation.pareto import (
     COST_AXES,
     at_equal_cost,
     compare,
@@ -10,7 +10,7 @@ from openstamp.evaluation.pareto import (
     standard_error,
     verdict,
 )
-from openstamp.evaluation.report import equal_cost_table, pareto_table
+from openstamp.lab.evaluation.report import equal_cost_table, pareto_table
 
 
 def _summary(method, pairs):

@@ -9,7 +9,8 @@ import torch
 from conftest import make_model
 from typer.testing import CliRunner
 
-from openstamp.attacks.prune import (
+from openstamp.cli import app
+from openstamp.lab.attacks.prune import (
     PruneConfig,
     input_norms,
     magnitude_mask,
@@ -18,7 +19,6 @@ from openstamp.attacks.prune import (
     run_prune,
     wanda_mask,
 )
-from openstamp.cli import app
 from openstamp.patch import head, is_tied
 
 runner = CliRunner()

@@ -4,9 +4,9 @@ import pytest
 import torch
 from conftest import make_model
 
-from openstamp.attacks import quantizers
-from openstamp.attacks.quantizers import quantize_model, quantize_nf4
 from openstamp.errors import MissingExtraError
+from openstamp.lab.attacks import quantizers
+from openstamp.lab.attacks.quantizers import quantize_model, quantize_nf4
 from openstamp.patch import head, is_tied
 
 

@@ -17,7 +17,7 @@ from openstamp.detect import Detector
 from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, reusing
 from openstamp.key import WatermarkKey
-from openstamp.methods import create
+from openstamp.lab.methods import create
 from openstamp.models import load_model
 from openstamp.patch import apply_watermark, head, is_tied, revert_watermark, tied_head_mode
 from openstamp.watermark import build_key, embed

@@ -7,9 +7,9 @@ import pytest
 from test_evaluation import tiny_eval
 from typer.testing import CliRunner
 
-import openstamp.evaluation.pipeline as pipeline
+import openstamp.lab.evaluation.pipeline as pipeline
 from openstamp.cli import app
-from openstamp.evaluation.shards import load_shard, merge_into, merge_shards
+from openstamp.lab.evaluation.shards import load_shard, merge_into, merge_shards
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from transformers import LogitsProcessorList
 
 from openstamp.corpus import Document
 from openstamp.generate import sample_completions
-from openstamp.methods import REGISTRY, create
-from openstamp.methods.sir import SIRProcessor, context_length
-from openstamp.methods.sir_train import (
+from openstamp.lab.methods import REGISTRY, create
+from openstamp.lab.methods.sir import SIRProcessor, context_length
+from openstamp.lab.methods.sir_train import (
     bow_embed,
     median_similarity,
     normalisation_loss,

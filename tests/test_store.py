@@ -7,9 +7,9 @@ import pytest
 from test_evaluation import model_dir, tiny_eval  # noqa: F401  (model_dir is a fixture)
 from typer.testing import CliRunner
 
-import openstamp.evaluation.pipeline as pipeline
+import openstamp.lab.evaluation.pipeline as pipeline
 from openstamp.cli import app
-from openstamp.evaluation.store import EvalStore, open_store
+from openstamp.lab.evaluation.store import EvalStore, open_store
 
 METHODS = ("openstamp-nosem", "kgw")  # a trained key and a secret-only one; a weight and a decode-time watermark
 

@@ -23,7 +23,6 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DetectConfig": "openstamp.config",
     "EmbedConfig": "openstamp.config",
-    "EvalConfig": "openstamp.config",
     "load_profile": "openstamp.config",
     "Document": "openstamp.corpus",
     "load_documents": "openstamp.corpus",

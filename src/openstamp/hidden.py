@@ -249,7 +249,7 @@ def autocast_decoder(dtype: str | None):
 
     Only the decoder: whatever multiplies its states (a detector's head statistics) stays in float32. A p-value
     of the permutation test stays exact, since the states are still a fixed function of the text, whatever
-    their precision; the scores move by the decoder's rounding (``benchmarks/score_dtype.py``).
+    their precision; the scores move by the decoder's rounding (docs/notebook/2026-11-26-bfloat16-in-the-eval.md).
     """
     previous = decoder_dtype()
     _LOCAL.dtype = None if dtype in (None, "float32") else dtype

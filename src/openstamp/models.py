@@ -53,7 +53,7 @@ def sampling_copy(model: PreTrainedModel, dtype: str) -> PreTrainedModel:
 
     The copy runs eager attention: on a CPU, PyTorch's scaled-dot-product kernel is slower in bfloat16 than in
     float32 for one-token decode steps, and the copy with eager attention samples 1.5-2x as fast as the float32
-    model (``benchmarks/generate_speed.py``). The original's weights are left as they are.
+    model (``benchmarks/speed/generate_speed.py``). The original's weights are left as they are.
     """
     if dtype == "float32" or model.dtype == resolve_dtype(dtype):
         return model

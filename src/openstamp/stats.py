@@ -1,8 +1,9 @@
-"""Small statistics on score arrays shared by calibration and evaluation (numpy only)."""
+"""Small statistics on score arrays shared by calibration, tuning and evaluation (numpy and scipy)."""
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import beta as beta_dist
 
 
 def threshold_at_fpr(negatives, fpr: float):
@@ -17,3 +18,11 @@ def threshold_at_fpr(negatives, fpr: float):
     allowed = int(np.floor(fpr * neg.shape[-1]))  # negatives allowed strictly above tau
     tau = neg[..., neg.shape[-1] - allowed - 1]
     return float(tau) if neg.ndim == 1 else tau
+
+
+def clopper_pearson(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval of a rate ``hits / n`` (Clopper-Pearson): beta quantiles, (low, high)."""
+    a = (1 - level) / 2
+    low = 0.0 if hits == 0 else float(beta_dist.ppf(a, hits, n - hits + 1))
+    high = 1.0 if hits == n else float(beta_dist.ppf(1 - a, hits + 1, n - hits))
+    return low, high

@@ -29,8 +29,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import check, option
 from openstamp.corpus import Document
-from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.key.key import WatermarkKey
+from openstamp.stats import clopper_pearson
 from openstamp.text import bos_prefix, prompt_windows
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def heldout_pairs(tokenizer, documents: list[Document], cfg: TuneConfig) -> list
 
 def own_perplexity(model, tokenizer, pairs, batch_size: int) -> float:
     """The model's own perplexity on each pair's human continuation given BOS and its prompt."""
-    from openstamp.evaluation.own_ppl import perplexity, window_nll
+    from openstamp.quality import perplexity, window_nll
 
     bos = bos_prefix(tokenizer)
     return perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=batch_size))

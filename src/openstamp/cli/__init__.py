@@ -1,23 +1,24 @@
-"""The ``openstamp`` command: one subcommand per file."""
+"""The ``openstamp`` command: one subcommand per file.
+
+The product's commands are registered here. Other packages add theirs through the ``openstamp.cli``
+entry point group (the lab's eval, report, store, merge-runs, attack and analyze): each entry point is a
+function that takes this app. One whose imports fail (an extra not installed) is left out.
+"""
 
 from __future__ import annotations
 
+import logging
+from importlib.metadata import entry_points
+
 import typer
 
-from openstamp.cli import durability  # noqa: F401  (registers merge, prune, instruct on attack_app)
-from openstamp.cli.analyze import analyze_app
-from openstamp.cli.attack import attack_app
 from openstamp.cli.audit import audit
 from openstamp.cli.calibrate import calibrate
 from openstamp.cli.demo import demo
 from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
-from openstamp.cli.eval import evaluate
 from openstamp.cli.export import export_app
-from openstamp.cli.merge_runs import merge_runs
-from openstamp.cli.report import report
 from openstamp.cli.serve import serve
-from openstamp.cli.store import store
 from openstamp.cli.tune import tune
 
 app = typer.Typer(
@@ -32,15 +33,15 @@ app.command()(embed)
 app.command()(tune)
 app.command()(detect)
 app.command()(calibrate)
-app.command(name="eval")(evaluate)
-app.command()(report)
-app.command(name="merge-runs")(merge_runs)
 app.command()(serve)
-app.command()(store)
 app.command()(audit)
-app.add_typer(attack_app, name="attack")
 app.add_typer(export_app, name="export")
-app.add_typer(analyze_app, name="analyze")
+
+for plugin in entry_points(group="openstamp.cli"):
+    try:
+        plugin.load()(app)
+    except ImportError as err:  # a plugin whose dependencies are not installed
+        logging.getLogger(__name__).debug("openstamp.cli plugin %s not loaded: %s", plugin.name, err)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ def audit(
     cache_dir: Path | None = CacheOption,
 ) -> None:
     """Report findings (high/medium/info); exits 1 when any is high."""
-    from openstamp.audit import audit as run_audit
+    from openstamp.release.audit import audit as run_audit
 
     setup_logging(quiet=True)
     findings = run_audit(checkpoint, key, base, cache_dir=cache_dir)

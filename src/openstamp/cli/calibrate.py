@@ -40,7 +40,7 @@ def calibrate(
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
     from openstamp.detect.calibrate import calibration_record, reference_texts, store_calibration
-    from openstamp.evaluation.report import qq_plot
+    from openstamp.plots import qq_plot
     from openstamp.storage import atomic_write_json
     from openstamp.watermark import versions
 

@@ -127,7 +127,7 @@ def _verdict(result) -> str:
 
 def _summary(scores: dict, config) -> Table:
     """The flagged count per source, and what the false-positive rate means for a row of n unwatermarked texts:
-    at least one of them is flagged in 1 - (1 - alpha)^n of runs (each key's rate: benchmarks/fpr_per_key.py)."""
+    at least one of them is flagged in 1 - (1 - alpha)^n of runs (each key's rate: benchmarks/fpr/fpr_per_key.py)."""
     n = max(map(len, scores.values()), default=0)
     table = Table(
         title=f"detection at false-positive rate {config.alpha:g} ({config.n_permutations} permutations)",

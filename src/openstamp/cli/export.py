@@ -24,7 +24,7 @@ def gguf(
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Write the checkpoint as a GGUF file for llama.cpp, with llama.cpp's names, metadata and codecs."""
-    from openstamp.gguf_export import export_gguf
+    from openstamp.release.gguf_export import export_gguf
 
     setup_logging(quiet)
     if not model.is_dir():

@@ -9,7 +9,7 @@ Two ways to turn a score into a decision, with different assumptions:
 
 ``openstamp calibrate`` scores held-out reference text, stores LLR thresholds for target
 false-positive rates in the key, and reports how the p-values behave on that text (its QQ
-plot is drawn by ``openstamp.evaluation.report.qq_plot``, with the other plots).
+plot is drawn by ``openstamp.plots.qq_plot``).
 """
 
 from __future__ import annotations

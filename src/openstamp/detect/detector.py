@@ -19,7 +19,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.config import DetectConfig
 from openstamp.detect.calibrate import calibrated_threshold
 from openstamp.detect.llr import TokenStats, join_stats, permutation_pvalue, stats_rows, token_stats
-from openstamp.detect.memo import StatsMemo
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
 from openstamp.hidden import active_cache, decoder_dtype, final_hidden
@@ -97,7 +96,9 @@ class Detector:
         self.never_green[torch.tensor(key.never_green, dtype=torch.long)] = True
         self.perms = permutations(key.secret, key.n_lists, self.config.n_permutations) if self.config.p_values else None
         self.threshold = self._threshold()
-        self.memo = StatsMemo()  # per-token statistics of scored texts, while a hidden-state cache is active
+        # per-token statistics of scored texts, kept while a hidden-state cache is active: a StatsMemo-like object
+        # (find, keep, bind) that a caller scoring cut texts sets, as the lab's evaluation does; None keeps nothing
+        self.memo = None
 
     @classmethod
     def from_pretrained(
@@ -224,8 +225,8 @@ class Detector:
 
     def _stats(self, seqs, firsts, spans, h, targets) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
         """The batch's token statistics; while a hidden-state cache is active, a text cut from one scored before
-        takes that text's first rows (``StatsMemo``), and only the others go through the vocabulary."""
-        memo = self.memo if self.memo.bind(active_cache(), decoder_dtype()) else None
+        takes that text's first rows (``self.memo``, where set), and only the others go through the vocabulary."""
+        memo = self.memo if self.memo is not None and self.memo.bind(active_cache(), decoder_dtype()) else None
         found = [None if memo is None else memo.find(seq, first) for seq, first in zip(seqs, firsts, strict=True)]
         missing = [j for j, f in enumerate(found) if f is None]
         if not missing:

@@ -1,0 +1,121 @@
+"""OpenStamp (and its 'w/o sem-align' ablation) as an evaluation plug-in."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from openstamp.config import DetectConfig, load_profile, option
+from openstamp.detect import Detector
+from openstamp.hidden import States, collect_states
+from openstamp.key.key import WatermarkKey
+from openstamp.lab.evaluation.memo import StatsMemo
+from openstamp.lab.methods.base import MethodScore, WatermarkMethod, register
+from openstamp.patch import apply_watermark, check_key, revert_watermark
+from openstamp.watermark import build_key
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenStampConfig:
+    delta: float = option(1.0, "logit boost of a green token under a one-hot selector (the swept strength)")
+    gamma: float = option(0.25, "fraction of the vocabulary in each of the L green lists")
+    n_lists: int = option(254, "L, k-means clusters / green lists")
+    projection: bool = option(True, "train P on sentence embeddings; False is the paper's 'w/o sem-align'")
+    profile: str = option("default", "embedding profile for states, P and S")
+    shrinkage: float = option(0.0, "selector shrinkage f: ridge lambda = f * tr(Z^T Z) / d (selector.shrinkage)")
+    min_tokens: int = option(16, "texts with fewer scored tokens get no score")
+
+
+_STATES: dict[tuple, States] = {}  # the last sampled states: both OpenStamp variants share them
+
+
+def _cached_states(model, tokenizer, documents, cfg) -> States:
+    """Hidden states depend on the (unpatched) model, the documents and the state settings only."""
+    key = (model.config.name_or_path, tuple(d.sha256 for d in documents), cfg.states)
+    if key not in _STATES:
+        _STATES.clear()
+        _STATES[key] = collect_states(model, tokenizer, documents, cfg.states, progress=False)
+    return _STATES[key]
+
+
+@register
+class OpenStamp(WatermarkMethod):
+    name = "openstamp"
+    config_class = OpenStampConfig
+    strength = "delta"
+    sweep = (0.3, 0.6, 0.9, 1.2)
+    key_fields = ("key",)
+    added_settings = {"shrinkage": 0.0}  # keys built before the field existed fitted S without shrinkage
+    score_is_llr = True
+    key: WatermarkKey
+    _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector made
+
+    def build(self, model, tokenizer, documents, seed) -> None:
+        cfg = load_profile(self.config.profile).with_overrides(
+            {
+                "green.delta": self.config.delta,
+                "green.gamma": self.config.gamma,
+                "selector.n_lists": self.config.n_lists,
+                "selector.shrinkage": self.config.shrinkage,
+                "projection.enabled": self.config.projection,
+                "states.seed": seed,
+                "selector.seed": seed,
+                "projection.seed": seed,
+            }
+        )
+        secret = hashlib.sha256(f"openstamp/eval/{self.name}/{seed}".encode()).digest()
+        states = _cached_states(model, tokenizer, documents, cfg)
+        self.key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=False, states=states)
+        self.apply(model)  # records the original and watermarked heads' fingerprints in the key ...
+        self.revert(model)  # ... and restores the model exactly
+
+    def save(self, directory: Path) -> None:
+        self.key.save(directory / "key", overwrite=True)
+
+    def load(self, directory: Path) -> None:
+        self.key = WatermarkKey.load(directory / "key")
+
+    def rekey(self) -> None:
+        self.key = dataclasses.replace(self.key, delta=self.config.delta, meta=dict(self.key.meta))
+
+    def apply(self, model) -> None:
+        apply_watermark(model, self.key)  # a tied model is re-tied: its input embeddings hold U~ too
+
+    def revert(self, model) -> None:
+        revert_watermark(model, self.key)
+
+    def score(self, base, tokenizer, texts, batch_size=16) -> list[MethodScore]:
+        detector = self._detector(base, tokenizer, batch_size)
+        return [MethodScore(r.score, r.p_value, r.n_tokens, dict(r.detectors)) for r in detector.detect(texts)]
+
+    def _detector(self, base, tokenizer, batch_size: int) -> Detector:
+        """The detector made last, while ``base``, the key and the settings stay the same; else a new one.
+
+        Keeping it lets the eval's caches serve the length curve's cut texts from the full texts' work: the
+        detector's per-token statistics (``Detector.memo``) and, for a re-tied key, the hidden states of its
+        watermarked copy of ``base`` (the release's decoder; the hidden-state cache keeps states per model
+        object, and a new copy per call would run the decoder again for every cut).
+        """
+        config = DetectConfig(min_tokens=self.config.min_tokens, batch_size=batch_size)
+        last = self._last
+        if last and last[0]() is base and last[1] is self.key and last[2] == config:
+            if check_key(base, self.key) == "original":  # base unchanged: the detector (and its copy) still holds
+                return last[3]
+        detector = Detector(base, tokenizer, self.key, config)
+        detector.memo = StatsMemo()
+        self._last = (weakref.ref(base), self.key, config, detector)
+        return detector
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenStampNoSemConfig(OpenStampConfig):
+    projection: bool = option(False, "P = I: the paper's 'w/o sem-align' ablation")
+
+
+@register
+class OpenStampNoSem(OpenStamp):
+    name = "openstamp-nosem"
+    config_class = OpenStampNoSemConfig

@@ -1,0 +1,1 @@
+"""What ships with a release: the leak audit and the GGUF export."""
