@@ -139,3 +139,56 @@ def key_and_prompts(args, cfg):
     model, tokenizer = load_model(args.model)
     pairs = heldout_pairs(tokenizer, split_documents(load_documents(args.corpus), "heldout"), cfg)
     return key, model, tokenizer, pairs
+
+
+VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/<method>-f<f>/: an OpenStamp method with selector shrinkage f
+
+
+def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str]]:
+    """Each kept variant of an OpenStamp method beside the sweep ``r`` (folder/../VARIANTS/*/results.json): its
+    folder, its results, its method, its name '<method> (shrinkage f)', and why it does not match the sweep's seeds,
+    prompts and human text ('' where it does)."""
+    from openstamp.lab.evaluation.shards import mismatch
+
+    out = []
+    for path in sorted((folder.parent / VARIANTS).glob("*/results.json")):
+        v = json.loads(path.read_text())
+        method = v["config"]["methods"][0]
+        name = f"{method} (shrinkage {v['config']['method_settings'][method]['shrinkage']:g})"
+        same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
+        why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
+        out.append((path.parent, v, method, name, why))
+    return out
+
+
+# -- markdown tables from results JSON (benchmarks/render.py)
+
+COST, TPR = "own_ppl_change", "tpr_at_1pct_fpr"
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def table(header: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
+    """A markdown table: the first ``text_columns`` left-aligned, the rest (numbers) right-aligned."""
+    rule = "|" + "---|" * text_columns + "---:|" * (len(header) - text_columns)
+    return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def exact(hits: int, n: int) -> str:
+    """A rate of ``hits`` in ``n`` texts with its Clopper-Pearson 95% interval."""
+    from openstamp.stats import clopper_pearson
+
+    if not n:
+        return "-"
+    low, high = clopper_pearson(hits, n)
+    return f"{hits / n:.3f} [{low:.2f}, {high:.2f}]"

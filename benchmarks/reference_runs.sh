@@ -1,26 +1,23 @@
 #!/usr/bin/env bash
-# The evaluation and attack runs behind benchmarks/results/eval/ (the paper's Table 1, Figure 2 and
-# robustness section on the packaged SmolLM2-135M), at the scale a 2-core CPU allows.
+# The runs behind docs/results.md: one stage per section, each writing that section's JSON under benchmarks/results/
+# (`python benchmarks/render.py` then renders the tables), on the packaged SmolLM2-135M at the scale a 2-core CPU
+# allows.
 #
-#   bash benchmarks/reference_runs.sh                 # every stage, in order (most of a day on 2 CPU cores)
-#   bash benchmarks/reference_runs.sh edit quantize   # chosen stages (the eval stage must have run)
+#   bash benchmarks/reference_runs.sh                    # every stage, in order (days on 2 CPU cores)
+#   bash benchmarks/reference_runs.sh frontier lengths   # chosen stages
 #
-# Every command resumes where it stopped when run again. Logs go to runs/logs/<stage>.log; the
-# eval run's report (with each attack's section), its plots and every results.json are copied to
-# benchmarks/results/eval/ at the end of each stage.
+# Stages: frontier (what it costs and buys), lengths (how short a text can be), fpr (the false-positive rate per key),
+# paraphrase, durability (quantization, merging, pruning, fine-tuning), speed, settings (which strength), losses
+# (where OpenStamp loses). paraphrase and durability attack the sweep's evals, which frontier leaves in runs/.
+#
+# Every command resumes where it stopped when run again, and each result is copied into benchmarks/results/ when its
+# stage has made it. Logs go to runs/logs/<stage>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OPENSTAMP=${OPENSTAMP:-.venv/bin/openstamp}
-EVAL=runs/eval
-KEEP=benchmarks/results/eval
+PY=${PY:-.venv/bin/python}
 mkdir -p runs/logs
 
-eval_run() {
-  # news alone holds 127 prompt windows of 50+200 tokens, so the prompts mix news and wikipedia (the default)
-  # every registered method (openstamp.methods.REGISTRY)
-  $OPENSTAMP eval --model smollm2-135m \
-    --n 200 --out $EVAL
-}
 cold_eval() {
   # $1 the run folder, $2 where its results, report and timings are kept: `openstamp eval --n 200`, every method, with
   # an eval store of the run's own ($1-store), empty at first, so every key, completion and score is made in it
@@ -28,24 +25,17 @@ cold_eval() {
   mkdir -p $2
   cp $1/results.json $1/report.md $1/timings.json $2/
 }
-timed() {
-  # the default comparison from a cold start, timed (the issue's goal: 30 min on this machine): a run folder and
-  # an eval store of its own, empty at first, so every key, completion and score is made here. Resumable: a killed
-  # invocation keeps its seconds, and the sums cover every invocation
-  local T=runs/eval-timed
-  cold_eval $T benchmarks/results/eval_timed
-  # what each method's full-length threshold passes of human text cut shorter (from its cached length curve)
-  .venv/bin/python benchmarks/threshold_lengths.py --eval $T
-}
+
 timed_again() {
-  # the timed default comparison again, from a cold start as timed() (a run folder and an eval store of its own, empty
-  # at first), to measure what later code costs; kept in eval_timed/rerun/ beside the first, which paraphrase_timed
-  # and threshold_lengths.py read, with the commit it ran (made.json). Not in the default stage list: run it by name
+  # the timed default comparison again, from a cold start as the lengths stage runs it (a run folder and an eval store
+  # of its own, empty at first), to measure what later code costs; kept in eval_timed/rerun/ beside the first, which
+  # threshold_lengths.py reads, with the commit it ran (made.json): TIMED_AGAIN=1 bash benchmarks/reference_runs.sh lengths
   local T=runs/eval-timed2 K=benchmarks/results/eval_timed/rerun
   local commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+changes")
   cold_eval $T $K
-  printf '{"commit": "%s", "command": "bash benchmarks/reference_runs.sh timed_again"}\n' "$commit" > $K/made.json
+  printf '{"commit": "%s", "command": "TIMED_AGAIN=1 bash benchmarks/reference_runs.sh lengths"}\n' "$commit" > $K/made.json
 }
+
 tune_key() {
   # $1 the key folder, $2 the results name (benchmarks/results/$2.json), then any other tune options: the smallest
   # delta whose 64-token texts are flagged 95% of the time at p <= 0.01, and what it costs
@@ -54,34 +44,19 @@ tune_key() {
   $OPENSTAMP tune --model smollm2-135m --corpus wikipedia --target-tpr 0.95 --tokens 64 --fpr 0.01 --n 32 \
     --key $key --overwrite "$@"
   mkdir -p benchmarks/results
-  .venv/bin/python -c "import json; m = json.load(open('$key/key.json')); \
-json.dump({'command': 'openstamp tune (benchmarks/reference_runs.sh $name)', 'versions': m['versions'], \
-'key_id': m['key_id'], 'selector_shrinkage': m['config']['selector'].get('shrinkage', 0.0), **m['tune']}, \
-open('benchmarks/results/$name.json', 'w'), indent=2)"
+  $PY -c "import json; from openstamp.storage import atomic_write_json; m = json.load(open('$key/key.json')); \
+atomic_write_json('benchmarks/results/$name.json', {'command': 'openstamp tune (benchmarks/reference_runs.sh settings)', \
+'versions': m['versions'], 'key_id': m['key_id'], 'selector_shrinkage': m['config']['selector'].get('shrinkage', 0.0), \
+**m['tune']})"
 }
-tune() {
-  tune_key runs/tune/key tune
-}
-tune_shrinkage() {
-  # the same with a shrunk selector (selector.shrinkage f, SHRINK_F, default 4: see shrinkage())
-  local f=${SHRINK_F:-4}
-  tune_key runs/tune-shrink$f/key tune_shrinkage --set selector.shrinkage=$f
-}
-cost() {
-  # what each strength of OpenStamp costs and buys on the packaged model: TPR at 16, 32 and 64 tokens, its own
-  # perplexity on human text, and lm-eval accuracy on the local tasks, against the original model
-  local C=runs/eval-cost
-  $OPENSTAMP eval --model smollm2-135m --methods openstamp --sweep --set 'grids={"openstamp": [0.25, 0.5, 0.75, 1.0]}' \
-    --n 32 --new-tokens 64 --oracle none --set downstream=local --set downstream_limit=100 --set lengths=16,32 --out $C
-  mkdir -p benchmarks/results/cost
-  cp $C/results.json $C/report.md $C/*.png benchmarks/results/cost/
-}
+
 # the Pareto sweep's methods and strengths: 4 per method, the weakest below TPR 1 at 64 tokens. KGW-distilled is left
 # out: one 28-min distillation per strength and seed
 SWEEP=(--model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir --sweep --set
   'grids={"openstamp": [0.25, 0.5, 0.75, 1.0], "openstamp-nosem": [0.25, 0.5, 0.75, 1.0],
     "unremovable": [0.2, 0.4, 0.6, 0.8], "gaussmark": [0.1, 0.2, 0.3, 0.4], "kgw": [0.5, 1.0, 1.5, 2.0],
     "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}' --n 200 --new-tokens 64 --set lengths=16,32)
+
 
 sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, n 200 per point. Each seed
@@ -90,8 +65,7 @@ sweep() {
   # run in separate sessions or on separate machines. A finished seed is kept with its scores under
   # benchmarks/results/sweep/seeds/, and once seeds 0, 1 and 2 are all kept they are merged into
   # benchmarks/results/sweep/ (openstamp merge-runs). To run the sweep again with other code, first move that merge
-  # and its seeds/ into a folder under it named for what changed (as float32_own_ppl/, the one the README compares
-  # with: summary_sweep.BEFORE).
+  # and its seeds/ into a folder under it named for what changed (as float32_own_ppl/).
   # SWEEP_SEEDS="2" runs one seed.
   local seeds=benchmarks/results/sweep/seeds all=(0 1 2)
   for seed in ${SWEEP_SEEDS:-${all[@]}}; do
@@ -108,6 +82,7 @@ sweep() {
   $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
   cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
 }
+
 sweep_eval() {
   # the sweep's eval of seed SWEEP_EVAL_SEED (default 0) in runs/sweep-s<seed>, for the stages that attack it
   # (paraphrase_cost, robust_cost, durability_cost), run again without touching the kept seeds: sweep() skips a kept
@@ -116,12 +91,13 @@ sweep_eval() {
   local seed=${SWEEP_EVAL_SEED:-0}
   $OPENSTAMP eval "${SWEEP[@]}" --seeds $seed --store runs/sweep-s$seed-store --out runs/sweep-s$seed
 }
+
 shrinkage() {
   # an OpenStamp method (SHRINK_METHOD: openstamp, the default, or openstamp-nosem) with selector shrinkage f
-  # (selector.shrinkage: ridge lambda = f * tr(Z^T Z) / d; on 32 prompts, benchmarks/low_strength.py found it buys TPR
+  # (selector.shrinkage: ridge lambda = f * tr(Z^T Z) / d; on 32 prompts, a finished low-strength study found it buys TPR
   # at equal cost) on the sweep's prompts, human text and seeds, each seed a shard from an empty store as in sweep();
-  # once seeds 0, 1 and 2 are kept they are merged into benchmarks/results/shrinkage/<method>-f<f>/, whose points the
-  # summary reads against the sweep's curves at equal cost. SHRINK_F (default 4) chooses f, SHRINK_SEEDS="0" runs
+  # once seeds 0, 1 and 2 are kept they are merged into benchmarks/results/shrinkage/<method>-f<f>/, whose points render.py
+  # reads against the sweep's curves at equal cost. SHRINK_F (default 4) chooses f, SHRINK_SEEDS="0" runs
   # one seed. About 15 min a seed on 2 cores. Shrinkage raises the cost of a delta (OpenStamp's seed 0 at f 4: +5.8%
   # own PPL at 0.25, +25% at 0.5, +68% at 0.75, against +2.9%, +12% and +31% unshrunk), so its grid stops at 0.5 to
   # cover the baselines' cost range (their costliest +26..+40%)
@@ -143,138 +119,16 @@ shrinkage() {
   $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink-$m-f$f-merged
   cp runs/shrink-$m-f$f-merged/results.json runs/shrink-$m-f$f-merged/report.md runs/shrink-$m-f$f-merged/*.png $K/
 }
-budget() {
-  # each point of the sweep and its shrinkage variants against the second-order ceiling at its cost, and what the
-  # target (TPR 0.95 at 64 tokens, +10% own PPL) needs (run `sweep` and `shrinkage` first; reads their kept results)
-  .venv/bin/python benchmarks/detection_budget.py
-}
-full_llr() {
-  # OpenStamp's runs of the sweep's evals on this machine (runs/sweep-s0, -s1, -s2: `sweep` leaves them, or an at-cost
-  # stage's rerun of a seed) scored with the LLR of the whole release against the original model beside the head's,
-  # as the budget section reads it. About 11 min a key on 2 cores
-  .venv/bin/python benchmarks/full_llr.py
-}
-analyses() {
-  # the paper's analyses: green lists against L, gamma and delta, and what helps at low strength on the tuned key;
-  # prompt independence on the durability eval; the LLR detector on Unremovable and GaussMark (their own eval)
-  local K=runs/tune/key D=runs/eval-durability B=runs/eval-baselines A=runs/analysis
-  [ -f $K/key.json ] || tune
-  [ -f $D/results.json ] || $OPENSTAMP eval --model smollm2-135m --methods openstamp,unremovable --n 32 \
-    --new-tokens 100 --oracle none --out $D
-  [ -f $A/lists/results.json ] || $OPENSTAMP analyze lists --key $K --model smollm2-135m --out $A/lists
-  [ -f $A/prompt/results.json ] || $OPENSTAMP analyze prompt --eval $D --out $A/prompt
-  $OPENSTAMP eval --model smollm2-135m --methods unremovable,gaussmark --n 64 --new-tokens 64 --oracle none --out $B
-  [ -f $A/llr/results.json ] || $OPENSTAMP analyze llr --eval $B --out $A/llr
-  [ -f $A/gamma-delta/results.json ] || $OPENSTAMP analyze gamma-delta --key $K --model smollm2-135m \
-    --gammas 0.1,0.25,0.5 --deltas 0.5,1,2 --tokens 64 --n 32 --out $A/gamma-delta
-  [ -f benchmarks/results/low_strength.json ] || .venv/bin/python benchmarks/low_strength.py --key $K --n 32
-  # the shrinkage lead, stronger and at two strengths (the README quotes this command)
-  [ -f benchmarks/results/low_strength_shrinkage.json ] || .venv/bin/python benchmarks/low_strength.py --key $K \
-    --n 32 --variants 254:1,254:4,254:16 --deltas 0.35,0.5 --name low_strength_shrinkage
-  [ -f benchmarks/results/weighting.json ] || .venv/bin/python benchmarks/weighting.py --key $K --n 32 --deltas 0.35,0.5
-  for a in lists prompt llr gamma-delta; do
-    mkdir -p benchmarks/results/analysis/$a
-    cp $A/$a/results.json $A/$a/*.png benchmarks/results/analysis/$a/
-  done
-}
-edit() { $OPENSTAMP attack edit --eval $EVAL --delete 0.1 --substitute 0.1 --out runs/edit; }
-quantize() {
-  $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --methods openstamp,openstamp-nosem,unremovable,gaussmark \
-    --out runs/quant
-  # the weight-level baseline added after that run, same settings (the README's columns merge both folders)
-  $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --n 64 --methods kgw-distilled --out runs/quant-distilled
-}
-quantize_head() {
-  # lm_head quantized too (transformers leaves it in full precision): the attack that reaches OpenStamp's offset
-  $OPENSTAMP attack quantize --eval $EVAL --scheme int8,nf4 --include-head --n 64 \
-    --methods openstamp,openstamp-nosem,unremovable --out runs/quant-head
-}
-reinit() {
-  # the release that `openstamp demo` writes (default profile, delta 1)
-  [ -f runs/demo/model/config.json ] || $OPENSTAMP demo --quiet
-  # every window of all packaged text (news,wikipedia key halves): about one epoch at 500 steps, so no overfitting
-  $OPENSTAMP attack reinit-head --model runs/demo/model --corpus news,wikipedia --steps 1000 --every 100 \
-    --eval $EVAL --out runs/reinit
-}
-inversion() { $OPENSTAMP attack selector-inversion --eval $EVAL --out runs/inversion; }
-finetune() {
-  $OPENSTAMP attack finetune --eval $EVAL --corpus wikipedia --steps 200 --every 50 --n 32 --out runs/ft
-}
-fade() {
-  # Gu et al. find that a distilled watermark fades under further fine-tuning: the same LoRA attack on KGW-distilled
-  # and on OpenStamp, side by side
-  $OPENSTAMP attack finetune --eval $EVAL --methods openstamp,kgw-distilled --corpus wikipedia --steps 200 --every 50 \
-    --n 32 --out runs/ft-distilled
-}
-merge() {
-  $OPENSTAMP attack merge --eval $EVAL --method linear,slerp,ties,dare_ties --t 0.1,0.3,0.5,0.7 --n 32 --out runs/merge
-}
-prune() {
-  $OPENSTAMP attack prune --eval $EVAL --method magnitude --sparsity 0.1,0.3,0.5 --n 32 --out runs/prune-magnitude
-  $OPENSTAMP attack prune --eval $EVAL --method wanda --sparsity 0.1,0.3,0.5 --n 32 --out runs/prune
-  $OPENSTAMP attack prune --eval $EVAL --method wanda --sparsity 0.1,0.3,0.5 --include-head --n 32 --out runs/prune-head
-}
-instruct() { $OPENSTAMP attack instruct --eval $EVAL --steps 200 --every 50 --n 32 --out runs/instruct; }
-paraphrase() {
-  bash scripts/install_assets.sh qwen15  # the paraphraser is not among the default assets
-  # KGW+LLR left out: 1.5B paraphrases take about 5 min per 8 completions here
-  $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-1.5b --n 16 \
-    --methods openstamp,openstamp-nosem,unremovable,gaussmark,kgw --out runs/para
-  # the two baselines added after that run, same settings (the README's column merges both folders)
-  $OPENSTAMP attack paraphrase --eval $EVAL --paraphraser qwen2.5-coder-1.5b --n 16 \
-    --methods kgw-distilled,sir --out runs/para-baselines
-}
-paraphrase64() {
-  # every method under paraphrase at n 64, the paper's prompt and the strong one, with the faster 0.5B paraphraser
-  # (about 9 s a paraphrase here, against 37 s for the 1.5B); OpenStamp against no projection is the projection's
-  # effect. On its own eval, so that one session can make it: 200 prompts (the human negatives), no oracle and no
-  # length curve (107 min on 2 cores shared with other work for the first 7 methods; KGW-distilled, added later to
-  # the same folder, 52 min, 41 of them distilling; the keys and completions the eval stage made with the same
-  # settings come from the eval store instead). About 13 min per method and prompt on 2 cores (8 batches of 8
-  # paraphrases, then scoring): about 100 min per prompt for the 8 methods; each prompt is kept when done.
-  local P=runs/eval-para K=benchmarks/results/paraphrase64
-  local methods=openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir,kgw-distilled
-  bash scripts/install_assets.sh qwen05  # the paraphraser is not among the default assets
-  $OPENSTAMP eval --model smollm2-135m --methods $methods --n 200 --oracle none --set lengths= --out $P
-  mkdir -p $K/attacks
-  for prompt in ${PARA_PROMPTS:-paper strong}; do
-    $OPENSTAMP attack paraphrase --eval $P --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
-      --methods $methods --out runs/para64-$prompt
-    cp runs/para64-$prompt/results.json $K/attacks/para64-$prompt.json
-    cp $P/attacks/para64-$prompt* $K/attacks/
-    cp $P/results.json $P/report.md $K/
-  done
-}
-paraphrase_timed() {
-  # paraphrase64's comparison on the timed stage's eval (every method at its default strength, 200 prompts, 200 new
-  # tokens; run `timed` first), whose length curve measures each threshold on shorter human text: the first 64
-  # completions of each method of PARA_TIMED_METHODS (default: all 8) paraphrased with each prompt of
-  # PARA_TIMED_PROMPTS (default: the paper's), and the kept paraphrases judged three ways: the full-length
-  # threshold, p <= 0.01, and the threshold of the human continuations cut to their lengths. About 16 min per
-  # method and prompt on 2 cores (8 batches of 8 paraphrases of 200-token texts); the folder grows by methods, so
-  # a later run with more methods re-uses what an earlier one made
-  local T=runs/eval-timed K=benchmarks/results/paraphrase64/timed
-  local methods=${PARA_TIMED_METHODS:-openstamp,openstamp-nosem,unremovable,gaussmark,kgw,kgw-llr,sir,kgw-distilled}
-  bash scripts/install_assets.sh qwen05
-  mkdir -p $K
-  for prompt in ${PARA_TIMED_PROMPTS:-paper}; do
-    $OPENSTAMP attack paraphrase --eval $T --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
-      --methods $methods --out runs/para64-timed-$prompt
-    cp runs/para64-timed-$prompt/results.json $K/para64-timed-$prompt.json
-    cp $T/attacks/para64-timed-$prompt* $K/
-  done
-}
 
 keep_eval() {
   # an at-cost stage keeps the eval it attacked (runs/sweep-s$1) in benchmarks/results/sweep/rerun/s$1, one folder the
-  # at-cost stages share, where the summaries pair each result with it by its created time: trained keys and sampled
+  # at-cost stages share, where each result can be paired with it by its created time: trained keys and sampled
   # text depend on the CPU, so a seed run again on another machine is not the sweep's kept one. An eval of the seed kept
   # there before (another run of it, which earlier results attacked) stays: this one goes beside it, in s$1-2, s$1-3...
-  # A rerun that reproduces the kept seed (every score, on a CPU like the sweep's) the summaries take for that seed
   # This eval goes in the folder that already holds it, wherever that is, or else in the first free one, so a removed
   # s$1-2 is not refilled with a copy of the eval kept in s$1-3
   local made dir=benchmarks/results/sweep/rerun/s$1 i=1 kept
-  made=$(.venv/bin/python -c "import json; print(json.load(open('runs/sweep-s$1/results.json'))['created'])")
+  made=$($PY -c "import json; print(json.load(open('runs/sweep-s$1/results.json'))['created'])")
   kept=$(grep -l "\"created\": \"$made\"" benchmarks/results/sweep/rerun/s$1/results.json \
     benchmarks/results/sweep/rerun/s$1-*/results.json 2>/dev/null | head -1)
   if [ -n "$kept" ]; then dir=$(dirname $kept); fi
@@ -285,6 +139,7 @@ keep_eval() {
   mkdir -p $dir
   cp runs/sweep-s$1/results.json $dir/
 }
+
 paraphrase_cost() {
   # paraphrase64's comparison at equal cost to the model, not at each method's default strength: on the sweep's eval
   # of seed PARA_COST_SEED (default 0; run `sweep` first; 64 new tokens, 4 strengths per method), each method at the
@@ -314,7 +169,7 @@ robust_cost() {
   # Every completion edited (10% and then 25% of the tokens deleted, and as many substituted), and the first 64 prompts
   # completed by each weight-level release quantized to NF4 and GGUF-Q4_K_M (lm_head as each recipe does), each
   # scored by the method's unchanged detector. About 8 min a key on 2 cores (AMD EPYC). Kept at +30% and, nearer
-  # the +10% an owner aims at, ROBUST_COST=0.12 (each on keys 0-2); the summary gives each cost its own table
+  # the +10% an owner aims at, ROBUST_COST=0.12 (each on keys 0-2); docs/results.md shows +12%
   local seed=${ROBUST_COST_SEED:-0} cost=${ROBUST_COST:-0.3} K=benchmarks/results/robust_cost
   local S=runs/sweep-s$seed suffix=""
   [ -f $S/results.json ] || { echo "no $S/results.json: run the sweep stage first"; return 1; }
@@ -329,7 +184,7 @@ robust_cost() {
   $OPENSTAMP attack quantize --eval $S --scheme nf4,gguf-q4_k_m --head recipe --n 64 --at-cost $cost \
     --methods openstamp,openstamp-nosem,unremovable,gaussmark --out runs/$name
   cp runs/$name/results.json $K/$name.json
-  keep_eval $seed  # the first keys attacked the sweep's kept seeds, which the summary reads too
+  keep_eval $seed  # the first keys attacked the sweep's kept seeds, which render.py reads too
 }
 
 durability_cost() {
@@ -340,7 +195,7 @@ durability_cost() {
   # release. The attacks
   # (DURABILITY_COST_ATTACKS, default all three): merge, linear with the base (t 0.3, 0.5, 0.7: the base's weight);
   # prune, Wanda on 30% and 50% of every linear layer of the blocks; finetune, LoRA on wikipedia for 100 steps (the
-  # fade stage's attack, shorter). Results go beside robust_cost's, whose summary reads them. About 15 min for merging
+  # fade stage's attack, shorter). Results go beside robust_cost's, beside them. About 15 min for merging
   # and pruning on 2 cores per key, and 26-31 min for the fine-tune (seeds 2 and 0)
   local seed=${DURABILITY_COST_SEED:-0} cost=${DURABILITY_COST:-0.3} K=benchmarks/results/robust_cost
   local S=runs/sweep-s$seed suffix="" methods=openstamp,openstamp-nosem,unremovable,gaussmark
@@ -361,7 +216,7 @@ durability_cost() {
   keep_eval $seed
 }
 
-projection() {
+projection_pooled() {
   # the projection's effect under paraphrase, at equal cost: OpenStamp and the no-projection ablation, both with
   # selector shrinkage 4 at delta 0.5, the point where their costs meet in the shrinkage stage (+24.9% and +22.4% own
   # PPL; clean TPR@1%FPR 0.943 and 0.977), on the sweep's 64-token completions of its prompts, 3 seeds. The first
@@ -382,11 +237,12 @@ projection() {
   done
   cp $P/results.json $P/report.md $K/  # the report with every prompt's section
 }
+
 projection_keys() {
   # the projection stage's comparison on more keys, because its three keys differed more than its two methods did:
   # the same eval on seeds PROJECTION_SEEDS (default 3,4,5,6), whose first PROJECTION_KEYS_N (default 50) completions
   # are paraphrased with each prompt of PROJECTION_KEYS_PROMPTS (default: the paper's, then the strong one). The
-  # summary reads both stages key by key. About 37 min for the eval and 35 min per prompt on 2 cores
+  # the losses section pools both stages' keys. About 37 min for the eval and 35 min per prompt on 2 cores
   local P=runs/eval-projection-keys K=benchmarks/results/projection/keys n=${PROJECTION_KEYS_N:-50}
   local both='{"shrinkage": 4, "delta": 0.5}'
   bash scripts/install_assets.sh qwen05
@@ -402,7 +258,7 @@ projection_keys() {
   cp $P/results.json $P/report.md $K/  # the report with every prompt's section
 }
 
-durability() {
+durability_default() {
   # the durability attacks on the current releases (re-tied OpenStamp, exact m): their own small eval (32 prompts,
   # 100 new tokens, no oracle), then every attack family of the durability benchmark at n 32
   local D=runs/eval-durability R=runs/durability
@@ -410,7 +266,7 @@ durability() {
   $OPENSTAMP attack edit --eval $D --delete 0.1 --substitute 0.1 --out $R/edit
   # merging with the base, and with a fine-tune of the base (full instruction tuning, 100 steps)
   $OPENSTAMP attack merge --eval $D --method linear,slerp --t 0.1,0.3,0.5,0.7 --n 32 --out $R/merge-base
-  [ -f runs/base-ft/config.json ] || .venv/bin/python benchmarks/base_finetune.py --out runs/base-ft
+  [ -f runs/base-ft/config.json ] || $PY benchmarks/quality/base_finetune.py --out runs/base-ft
   $OPENSTAMP attack merge --eval $D --with runs/base-ft --method linear,slerp,ties,dare_ties --t 0.1,0.3,0.5,0.7 \
     --task-t 0.5 --density 0.5 --n 32 --out $R/merge-ft
   # pruning every linear layer of the blocks, then lm_head too (untied first)
@@ -435,30 +291,115 @@ durability() {
   done
 }
 
-keep() {
-  mkdir -p $KEEP/attacks
-  if [ -f $EVAL/results.json ]; then cp $EVAL/results.json $EVAL/report.md $EVAL/*.png $KEEP/; fi
-  if [ -d $EVAL/attacks ]; then cp $EVAL/attacks/* $KEEP/attacks/; fi
-  for dir in runs/edit runs/quant runs/quant-distilled runs/quant-head runs/reinit runs/inversion runs/ft \
-    runs/ft-distilled runs/para runs/para-baselines runs/merge runs/prune \
-    runs/prune-magnitude runs/prune-head runs/instruct; do
-    if [ -f $dir/results.json ]; then cp $dir/results.json "$KEEP/attacks/$(basename $dir).json"; fi
+# -- the stages, one per section of docs/results.md
+
+frontier() {
+  # the Pareto sweep (7 methods x 4 strengths x 3 seeds), OpenStamp and its no-projection ablation with selector
+  # shrinkage SHRINK_F (default 4) on the same prompts and seeds, then each point against the second-order ceiling
+  sweep
+  for m in openstamp openstamp-nosem; do SHRINK_METHOD=$m shrinkage; done
+  $PY benchmarks/frontier/detection_budget.py
+}
+lengths() {
+  # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,
+  # 32, 64 and 128 tokens) from a cold start, timed (the speed section reads its timings), then what each method's
+  # full-length threshold passes of human text cut shorter. TIMED_AGAIN=1 runs it again into eval_timed/rerun/
+  # (a new run folder and store) to time later code
+  if [ "${TIMED_AGAIN:-0}" = 1 ]; then timed_again; return; fi
+  cold_eval runs/eval-timed benchmarks/results/eval_timed
+  $PY benchmarks/fpr/threshold_lengths.py --eval runs/eval-timed
+}
+fpr() {
+  # 20 keys' false-positive rates on 1000 texts per source of unwatermarked text (texts, keys and scores in runs/fpr),
+  # then the reported tail p-value against 10^5 permutations on that release
+  $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr
+  $PY benchmarks/fpr/tail_check.py --model runs/fpr/model --key runs/fpr/key
+}
+paraphrase() {
+  # every method after paraphrase at equal cost: on the sweep's eval of each seed of PARA_COST_SEEDS (default 0 1 2;
+  # a missing one is run again: sweep_eval), at each cost of PARA_COSTS (default 0.12 0.3), with each prompt of
+  # PARA_COST_PROMPTS (default: paper strong)
+  for seed in ${PARA_COST_SEEDS:-0 1 2}; do
+    [ -f runs/sweep-s$seed/results.json ] || SWEEP_EVAL_SEED=$seed sweep_eval
+    for cost in ${PARA_COSTS:-0.12 0.3}; do
+      PARA_COST_SEED=$seed PARA_COST=$cost PARA_COST_PROMPTS=${PARA_COST_PROMPTS:-paper strong} paraphrase_cost
+    done
   done
+}
+durability() {
+  # every attack on the current releases at their default strengths, then token edits, quantization, merging,
+  # pruning and fine-tuning at equal cost on the sweep's eval of each seed of ROBUST_SEEDS (default 0 1 2) at each
+  # cost of ROBUST_COSTS (default 0.12 0.3)
+  durability_default
+  for seed in ${ROBUST_SEEDS:-0 1 2}; do
+    [ -f runs/sweep-s$seed/results.json ] || SWEEP_EVAL_SEED=$seed sweep_eval
+    for cost in ${ROBUST_COSTS:-0.12 0.3}; do
+      ROBUST_COST_SEED=$seed ROBUST_COST=$cost robust_cost
+      DURABILITY_COST_SEED=$seed DURABILITY_COST=$cost durability_cost
+    done
+  done
+}
+speed() {
+  # detection, sampling and key-building speed, the HTTP service under load and against bad input, batch detection
+  # on Ray, and the memory of building a key's selector; rebuilding a sweep key from its seed where the sweep left one
+  $PY benchmarks/speed/detect_speed.py
+  $PY benchmarks/speed/generate_speed.py --n 200 --new-tokens 64
+  $PY benchmarks/speed/embed_stages.py --profile default
+  $PY benchmarks/speed/ray_detect.py
+  $PY benchmarks/speed/serve_load.py
+  $PY benchmarks/speed/serve_bad_inputs.py
+  $PY benchmarks/memory/key_memory.py
+  $PY benchmarks/memory/kmeans_backends.py
+  local K=runs/sweep-s0/keys/openstamp/s0
+  if [ -d $K ]; then $PY benchmarks/memory/key_rebuild.py --key $K; fi
+}
+settings() {
+  # the strength `openstamp tune` chooses (and with selector shrinkage SHRINK_F), what each strength costs in own
+  # perplexity and lm-eval accuracy, and the paper's analyses: green lists against L, gamma and delta, prompt
+  # independence, and the LLR detector on Unremovable and GaussMark
+  tune_key runs/tune/key tune
+  local f=${SHRINK_F:-4}
+  tune_key runs/tune-shrink$f/key tune_shrinkage --set selector.shrinkage=$f
+  local C=runs/eval-cost
+  $OPENSTAMP eval --model smollm2-135m --methods openstamp --sweep --set 'grids={"openstamp": [0.25, 0.5, 0.75, 1.0]}' \
+    --n 32 --new-tokens 64 --oracle none --set downstream=local --set downstream_limit=100 --set lengths=16,32 --out $C
+  mkdir -p benchmarks/results/cost
+  cp $C/results.json $C/report.md $C/*.png benchmarks/results/cost/
+  local K=runs/tune/key D=runs/eval-durability B=runs/eval-baselines A=runs/analysis
+  [ -f $D/results.json ] || $OPENSTAMP eval --model smollm2-135m --methods openstamp,unremovable --n 32 \
+    --new-tokens 100 --oracle none --out $D
+  [ -f $A/lists/results.json ] || $OPENSTAMP analyze lists --key $K --model smollm2-135m --out $A/lists
+  [ -f $A/prompt/results.json ] || $OPENSTAMP analyze prompt --eval $D --out $A/prompt
+  $OPENSTAMP eval --model smollm2-135m --methods unremovable,gaussmark --n 64 --new-tokens 64 --oracle none --out $B
+  [ -f $A/llr/results.json ] || $OPENSTAMP analyze llr --eval $B --out $A/llr
+  [ -f $A/gamma-delta/results.json ] || $OPENSTAMP analyze gamma-delta --key $K --model smollm2-135m \
+    --gammas 0.1,0.25,0.5 --deltas 0.5,1,2 --tokens 64 --n 32 --out $A/gamma-delta
+  for a in lists prompt llr gamma-delta; do
+    mkdir -p benchmarks/results/analysis/$a
+    cp $A/$a/results.json $A/$a/*.png benchmarks/results/analysis/$a/
+  done
+}
+losses() {
+  # the projection under paraphrase at equal cost (3 keys, then 4 more), a tied head re-tied against an untied export
+  # (with the false-positive rate of the re-tied key on the fpr stage's texts), and the detectors' quality
+  projection_pooled
+  projection_keys
+  $PY benchmarks/quality/retie.py
+  $PY benchmarks/quality/detect_quality.py
 }
 
 main() {
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(eval timed tune tune_shrinkage cost sweep sweep_eval shrinkage budget full_llr
-    durability analyses edit quantize quantize_head reinit inversion finetune fade merge prune instruct paraphrase
-    paraphrase64 paraphrase_timed paraphrase_cost robust_cost durability_cost projection projection_keys)
+  [ ${#stages[@]} -gt 0 ] || stages=(frontier lengths fpr paraphrase durability speed settings losses)
   for stage in "${stages[@]}"; do
-    local fn=$stage
-    [ "$stage" = eval ] && fn=eval_run
+    case $stage in
+      frontier | lengths | fpr | paraphrase | durability | speed | settings | losses) ;;
+      *) echo "unknown stage $stage: frontier lengths fpr paraphrase durability speed settings losses"; exit 2 ;;
+    esac
     echo "[reference] $stage: log in runs/logs/$stage.log"
     local start=$(date +%s)
-    $fn > "runs/logs/$stage.log" 2>&1
+    $stage > "runs/logs/$stage.log" 2>&1
     echo "[reference] $stage: $(( ($(date +%s) - start) / 60 )) min"
-    keep
   done
 }
 # bash reads a script as it runs it, a line at a time: with main and exit on one line, parsed before main runs, this

@@ -1,4 +1,4 @@
-"""benchmarks/detection_budget.py on a small kept sweep, and its section in the summary."""
+"""benchmarks/frontier/detection_budget.py on a small kept sweep, and its table in benchmarks/render.py."""
 
 import json
 import math
@@ -7,16 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from openstamp.evaluation.budget import ceiling_separation, cost_nats, separation
+from openstamp.lab.evaluation.budget import ceiling_separation, cost_nats, separation
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    benchmarks = Path(__file__).parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # common.py, render.py
+    monkeypatch.syspath_prepend(str(benchmarks / "frontier"))
     import detection_budget
-    import summary_budget
+    import render
 
-    return detection_budget, summary_budget
+    return detection_budget, render
 
 
 def run(method: str, strength: float, seed: int, tpr: float, change: float, rng) -> dict:
@@ -64,50 +66,17 @@ def test_points_pool_the_seeds_and_split_llr_scores(bench, tmp_path):
     assert methods["kgw"]["tokens_for_target"] > methods["kgw-llr"]["tokens_for_target"]
 
 
-def test_section_ranks_methods_and_states_the_target(bench, tmp_path):
-    detection_budget, summary_budget = bench
+def test_table_ranks_methods_below_the_ceiling(bench, tmp_path):
+    detection_budget, render = bench
     kept_sweep(tmp_path / "sweep")
     pts = detection_budget.points(tmp_path / "sweep")
-    result = {
-        "fpr": 0.01,
-        "target": {
-            "tpr": 0.95,
-            "tokens": 64,
-            "own_ppl_change": 0.1,
-            "ceiling_tpr": 0.878,
-            "ceiling_own_ppl_change": 0.131,
-            "ceiling_tokens": 83.0,
-        },
-        "methods": detection_budget.method_efficiency(pts),
-        "points": pts,
-    }
-    rows = summary_budget.detection_budget(result, whole=True)
-    text = "\n".join(rows)
-    assert "the ceiling is TPR 0.878" in text and "+13.1% at the ceiling" in text and "needs 83 tokens" in text
-    table = [r for r in rows if r.startswith("| kgw")]
-    assert [r.split(" | ")[0] for r in table[:2]] == ["| kgw-llr", "| kgw"]  # ranked by efficiency
-    assert sum(r.startswith("| kgw-llr | ") for r in rows) == 1 + 2  # the method row and one per strength
-    assert not math.isnan(float(table[0].split(" | ")[1]))
-    assert len(summary_budget.detection_budget(result, whole=False)) < len(rows)
-
-
-def test_section_reads_the_full_llr_beside_the_head(bench):
-    _, summary_budget = bench
-    part = {"seen": 0.7, "signal": 0.8, "spread": 1.1}
-    runs = [{"head_llr": {**part, "tpr": 0.6}, "full_llr": {**part, "seen": 0.95, "tpr": 0.62}} for _ in range(2)]
-    pooled = [
-        {"method": "openstamp", "strength": s, "keys": 2, "own_ppl_change": 0.1, "head_llr": 0.6, "full_llr": 0.62}
-        | {"gap": gap, "gap_ci": ci}
-        for s, gap, ci in ((0.25, 0.1, [0.02, 0.18]), (0.5, -0.1, [-0.2, -0.01]), (1.0, 0.0, [-0.05, 0.05]))
-    ]
-    full = {"evals": [{"eval": "runs/sweep-s0", "created": "x"}], "runs": runs, "pooled": pooled}
-    text = "".join(summary_budget._full_llr(full))
-    assert "2 OpenStamp runs" in text and "sees 0.95 of the cost (the head's: 0.70)" in text
-    assert "above 0 at openstamp@0.25 +0.100 [+0.020, +0.180], below 0 at openstamp@0.5 -0.100" in text
-    assert "unresolved at the other 1 of 3" in text
-    assert len(summary_budget._full_llr_table(full)) == 2 + 3 + 1
-    assert summary_budget._full_llr(None) == [] and summary_budget._full_llr_table(None) == []
-    none = {**full, "pooled": [p | {"gap_ci": [-0.2, 0.3]} for p in pooled]}
-    assert "resolved at none of the 3 method and strength points (largest: openstamp@0.25 +0.100" in "".join(
-        summary_budget._full_llr(none)
-    )
+    target = {"tpr": 0.95, "tokens": 64, "own_ppl_change": 0.1}
+    ceiling = {"ceiling_tpr": 0.878, "ceiling_own_ppl_change": 0.131, "ceiling_tokens": 83.0}
+    result = {"fpr": 0.01, "target": target | ceiling, "methods": detection_budget.method_efficiency(pts)}
+    (tmp_path / "detection_budget.json").write_text(json.dumps(result | {"points": pts}))
+    rows = render.budget(tmp_path)
+    assert rows[2].startswith("| second-order ceiling | 1.00 | +13.1% | 83 |")
+    assert [r.split(" | ")[0] for r in rows[3:]] == ["| kgw-llr", "| kgw"]  # ranked by efficiency
+    assert not math.isnan(float(rows[3].split(" | ")[1]))
+    llr = render.llr_split(tmp_path)  # the mean-LLR score's factors: kgw-llr's one unsaturated strength
+    assert len(llr) == 2 + 2 and all(r.startswith("| kgw-llr | ") for r in llr[2:])

@@ -1,10 +1,10 @@
 """A fine-tune of the base model, for the merge attack's "merge with a fine-tune" setting.
 
-    python benchmarks/base_finetune.py [--model smollm2-135m --out runs/base-ft --steps 100]
+    python benchmarks/quality/base_finetune.py [--model smollm2-135m --out runs/base-ft --steps 100]
 
 People merge a watermarked release with some other fine-tune of the same base. This writes one:
 the base (not the watermarked release) fully fine-tuned with the shared training loop on the
-offline instruction set (`openstamp.attacks.instruct.build_offline_set`, seed 1, so its
+offline instruction set (`openstamp.lab.attacks.instruct.build_offline_set`, seed 1, so its
 examples differ from those of `attack instruct`, which uses seed 0). The checkpoint goes to
 ``--out`` (git-ignored runs/) through a temporary directory, with ``finetune.json`` beside the
 weights recording the settings, the loss before and after, and the versions.
@@ -21,10 +21,10 @@ import time
 import numpy as np
 from transformers import set_seed
 
-from openstamp.attacks.instruct import build_offline_set, instruction_batches
+from openstamp.lab.attacks.instruct import build_offline_set, instruction_batches
+from openstamp.lab.training import TrainConfig, train
 from openstamp.models import load_model
 from openstamp.storage import atomic_directory
-from openstamp.training import TrainConfig, train
 from openstamp.watermark import versions
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     losses = train(model, ids, cfg, labels=labels)
     seconds = time.perf_counter() - start
     record = {
-        "command": "python benchmarks/base_finetune.py",
+        "command": "python benchmarks/quality/base_finetune.py",
         "model": args.model,
         "mode": "full",
         "data": f"offline instruction set (news,wikipedia key halves), {len(ids)} examples, seed {args.seed}",

@@ -1,6 +1,6 @@
 """Load test of the detection service on loopback: N concurrent clients for a fixed time, twice.
 
-    python benchmarks/serve_load.py [--model runs/demo/model --key runs/demo/key --clients 8 --duration 60]
+    python benchmarks/speed/serve_load.py [--model runs/demo/model --key runs/demo/key --clients 8 --duration 60]
 
 Starts `openstamp serve` in a subprocess (127.0.0.1, a free port, a random API key) with
 micro-batching, runs the clients against it, stops it, and does it again with max batch 1,
@@ -26,10 +26,13 @@ import time
 from pathlib import Path
 
 import httpx
-from common import DEMO, ensure_key, write_result
 
-from openstamp.detect.calibrate import reference_texts
-from openstamp.models import load_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import DEMO, ensure_key, write_result  # noqa: E402
+
+from openstamp.detect.calibrate import reference_texts  # noqa: E402
+from openstamp.models import load_tokenizer  # noqa: E402
 
 
 def free_port() -> int:

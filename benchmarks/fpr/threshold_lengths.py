@@ -1,6 +1,6 @@
 """What a threshold calibrated on whole completions does on shorter text, per method, from an eval's length curve.
 
-    python benchmarks/threshold_lengths.py [--eval runs/eval-timed]
+    python benchmarks/fpr/threshold_lengths.py [--eval runs/eval-timed]
 
 TPR@1%FPR chooses its threshold on human continuations as long as the completions (200 tokens in the default
 comparison). An attack that shortens text (a paraphrase runs about half as long) is then scored against that
@@ -28,14 +28,18 @@ Writes benchmarks/results/threshold_lengths.json.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
-from common import write_result
 
-from openstamp.evaluation.lengths import lengths_path, run_curve
-from openstamp.evaluation.metrics import clopper_pearson, threshold_at_fpr
-from openstamp.storage import read_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import write_result  # noqa: E402
+
+from openstamp.lab.evaluation.lengths import lengths_path, run_curve  # noqa: E402
+from openstamp.stats import clopper_pearson, threshold_at_fpr  # noqa: E402
+from openstamp.storage import read_json  # noqa: E402
 
 
 def run_rows(folder: Path, results: dict) -> list[dict]:

@@ -1,6 +1,6 @@
 """How fast the packaged model samples on this machine, and what that sets as the floor of the default eval.
 
-    python benchmarks/generate_speed.py [--model smollm2-135m] [--n 200] [--new-tokens 64]
+    python benchmarks/speed/generate_speed.py [--model smollm2-135m] [--n 200] [--new-tokens 64]
 
 Samples ``new_tokens`` after ``n`` held-out prompts of 50 tokens with ``openstamp.generate.sample_completions``
 (what the eval calls) at the eval's batch (``EvalConfig.batch_size``): with the float32 model, with the model
@@ -17,19 +17,24 @@ Writes benchmarks/results/generate_speed.json.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
-from common import heldout_windows, interleaved, write_result
 
-from openstamp import load_model
-from openstamp.config import EvalConfig
-from openstamp.evaluation.metrics import bootstrap_ci
-from openstamp.evaluation.own_ppl import window_nll
-from openstamp.evaluation.pipeline import configured
-from openstamp.generate import sample_completions
-from openstamp.methods import REGISTRY
-from openstamp.models import fast_dtype, sampling_copy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import heldout_windows, interleaved, write_result  # noqa: E402
+
+from openstamp import load_model  # noqa: E402
+from openstamp.generate import sample_completions  # noqa: E402
+from openstamp.lab.evaluation.config import EvalConfig  # noqa: E402
+from openstamp.lab.evaluation.metrics import bootstrap_ci  # noqa: E402
+from openstamp.lab.evaluation.pipeline import configured  # noqa: E402
+from openstamp.lab.methods import REGISTRY  # noqa: E402
+from openstamp.models import fast_dtype, sampling_copy  # noqa: E402
+from openstamp.quality import window_nll  # noqa: E402
 
 BATCH = EvalConfig().batch_size
 SAMPLE_DTYPE = fast_dtype("cpu") if EvalConfig().sample_dtype == "fast" else EvalConfig().sample_dtype

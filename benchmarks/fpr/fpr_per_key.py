@@ -1,6 +1,6 @@
 """False-positive rate per key, on the text most likely to be falsely flagged.
 
-    python benchmarks/fpr_per_key.py [--n 1000 --keys 20 --new-tokens 100 --out runs/fpr]
+    python benchmarks/fpr/fpr_per_key.py [--n 1000 --keys 20 --new-tokens 100 --out runs/fpr]
 
 An owner holds ONE key and every text is tested against it, so the p-value's promise must hold
 key by key, not only on average over random keys. This script:
@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from common import heldout_windows
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-from openstamp.models import load_model
-from openstamp.storage import atomic_write_json, read_json
+from common import heldout_windows  # noqa: E402
+
+from openstamp.models import load_model  # noqa: E402
+from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
 SOURCES = {  # name -> (model, temperature, top_p); "human" is the real continuation
     "base_pure": ("smollm2-135m", 1.0, 1.0),

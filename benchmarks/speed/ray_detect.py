@@ -1,6 +1,6 @@
 """Batch detection on Ray Data against in-process detection, on the same texts.
 
-    python benchmarks/ray_detect.py [--model runs/demo/model --key runs/demo/key --texts 96 --shards 4]
+    python benchmarks/speed/ray_detect.py [--model runs/demo/model --key runs/demo/key --texts 96 --shards 4]
 
 Writes held-out Wikipedia windows as JSONL shards, scores them in-process (one Detector, as
 `openstamp detect` does) and with `--engine ray` at 1 and 2 workers on a local Ray, and reports
@@ -15,17 +15,21 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import DEMO, ensure_key, write_result
 
-from openstamp import DetectConfig, Detector, load_documents, split_documents
-from openstamp.detect.ray_engine import detect_shards, read_records
-from openstamp.hidden import final_hidden
-from openstamp.text import encode
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import DEMO, ensure_key, write_result  # noqa: E402
+
+from openstamp import DetectConfig, Detector, load_documents, split_documents  # noqa: E402
+from openstamp.detect.ray_engine import detect_shards, read_records  # noqa: E402
+from openstamp.hidden import final_hidden  # noqa: E402
+from openstamp.text import encode  # noqa: E402
 
 
 def texts_for(tokenizer, n: int, length: int) -> list[str]:

@@ -1,6 +1,6 @@
 """Detection throughput against a plain forward pass on the same texts and batch, in one run.
 
-    python benchmarks/detect_speed.py [--model runs/demo/model --key runs/demo/key]
+    python benchmarks/speed/detect_speed.py [--model runs/demo/model --key runs/demo/key]
 
 Reports tokens/s of: a plain forward pass computing logits, the backbone alone, OpenStamp
 detection (exact m; the older top-32 estimate of m; no permutation p-values), and the naive
@@ -11,16 +11,21 @@ the peak memory of detection at batch 32 x 256. Writes benchmarks/results/detect
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import add_release_arguments, interleaved, load_release, write_result
 
-from openstamp import DetectConfig, Detector, load_documents, split_documents
-from openstamp.detect.llr import token_stats
-from openstamp.hidden import final_hidden
-from openstamp.monitor import StageMonitor, current_rss_mb
-from openstamp.text import encode
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import add_release_arguments, interleaved, load_release, write_result  # noqa: E402
+
+from openstamp import DetectConfig, Detector, load_documents, split_documents  # noqa: E402
+from openstamp.detect.llr import token_stats  # noqa: E402
+from openstamp.hidden import final_hidden  # noqa: E402
+from openstamp.monitor import StageMonitor, current_rss_mb  # noqa: E402
+from openstamp.text import encode  # noqa: E402
 
 
 def windows(tokenizer, n: int, length: int) -> list[list[int]]:

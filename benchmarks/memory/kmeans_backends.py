@@ -1,6 +1,6 @@
 """The selector's k-means: scikit-learn (the CPU default) against the torch path used on a GPU.
 
-    python benchmarks/kmeans_backends.py [--model smollm2-135m --states 24576 --lists 254]
+    python benchmarks/memory/kmeans_backends.py [--model smollm2-135m --states 24576 --lists 254]
 
 Samples the default profile's hidden states of the packaged model (no P: k-means on the raw
 576-wide states, the harder case), fits the selector with each backend on the same states
@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
+from pathlib import Path
 
 import torch
-from common import write_result
 
-from openstamp import load_documents, load_model, load_profile, split_documents
-from openstamp.hidden import collect_states
-from openstamp.key.kmeans import assign, kmeans
-from openstamp.key.selector import fit_selector
-from openstamp.watermark import split_by_document
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import write_result  # noqa: E402
+
+from openstamp import load_documents, load_model, load_profile, split_documents  # noqa: E402
+from openstamp.hidden import collect_states  # noqa: E402
+from openstamp.key.kmeans import assign, kmeans  # noqa: E402
+from openstamp.key.selector import fit_selector  # noqa: E402
+from openstamp.watermark import split_by_document  # noqa: E402
 
 
 def inertia(z: torch.Tensor, centroids: torch.Tensor) -> float:

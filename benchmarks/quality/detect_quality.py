@@ -1,6 +1,6 @@
 """Detection quality on the packaged model: watermarked completions against human continuations.
 
-    python benchmarks/detect_quality.py [--model runs/demo/model --key runs/demo/key --n 200]
+    python benchmarks/quality/detect_quality.py [--model runs/demo/model --key runs/demo/key --n 200]
 
 Prompts are 50-token windows of held-out news and Wikipedia documents (never those that built
 the key); completions are 200 new tokens sampled from the watermarked checkpoint (temperature 1,
@@ -12,18 +12,22 @@ Writes benchmarks/results/detect_quality.json.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import DEMO, ensure_key, heldout_windows, write_result
-from transformers import AutoModelForCausalLM
 
-from openstamp import DetectConfig, Detector, WatermarkKey
-from openstamp.evaluation.metrics import auroc, tpr_at_fpr
-from openstamp.generate import sample_completions
-from openstamp.models import load_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import DEMO, ensure_key, heldout_windows, write_result  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from openstamp import DetectConfig, Detector, WatermarkKey  # noqa: E402
+from openstamp.generate import sample_completions  # noqa: E402
+from openstamp.lab.evaluation.metrics import auroc, tpr_at_fpr  # noqa: E402
+from openstamp.models import load_tokenizer  # noqa: E402
 
 DETECTORS = {  # name -> how to read a score from a result (higher = more watermarked)
     "llr": lambda r: r.detectors["llr"],

@@ -1,6 +1,6 @@
 """Bad input against a real detection server: what status each request gets, and that it survives.
 
-    python benchmarks/serve_bad_inputs.py [--model runs/demo/model --key runs/demo/key]
+    python benchmarks/speed/serve_bad_inputs.py [--model runs/demo/model --key runs/demo/key]
 
 Starts `openstamp serve` on 127.0.0.1 (a free port, a random API key, small limits so that the
 oversize cases stay small), sends each request below with httpx, and records the status, the
@@ -16,12 +16,16 @@ import json
 import secrets
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import httpx
-from common import DEMO, ensure_key, write_result
-from serve_load import start_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import DEMO, ensure_key, write_result  # noqa: E402
+from serve_load import start_server  # noqa: E402
 
 TEXT = (
     "The council said the new bridge would open in spring, after two years of delays caused by floods "

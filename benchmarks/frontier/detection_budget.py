@@ -1,10 +1,10 @@
 """How much detection each method of the Pareto sweep buys with what it costs, against the second-order ceiling.
 
-    python benchmarks/detection_budget.py [--sweep benchmarks/results/sweep]
+    python benchmarks/frontier/detection_budget.py [--sweep benchmarks/results/sweep]
 
 At a cost of c nats per token (c = log(1 + own PPL change)), no detector of a watermark's change separates text the
 watermarked model writes from human text that the model fits by more than d* = sqrt(2 n c) standard deviations over n
-tokens, to second order in the change; at 1% FPR that is TPR* = Phi(d* - 2.326) (``openstamp.evaluation.budget``
+tokens, to second order in the change; at 1% FPR that is TPR* = Phi(d* - 2.326) (``openstamp.lab.evaluation.budget``
 has the derivation and its caveats). This script reads the sweep's kept results (every run's TPR@1%FPR at 16, 32
 and 64 tokens, its own perplexity change and its per-text scores; nothing is run again) and, per method and
 strength, pooled over the seeds, sets each TPR beside the ceiling's: its efficiency d' / d*, with d' = Phi^-1(TPR) +
@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from statistics import fmean, median
 
-from common import RESULTS, write_result
-from summary_sweep import kept_variants
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-from openstamp.evaluation.budget import (
+from common import RESULTS, kept_variants, write_result  # noqa: E402
+
+from openstamp.lab.evaluation.budget import (  # noqa: E402
     ceiling_separation,
     ceiling_tpr,
     cost_nats,
@@ -38,7 +40,7 @@ from openstamp.evaluation.budget import (
     separation,
     tokens_to_reach,
 )
-from openstamp.methods import REGISTRY
+from openstamp.lab.methods import REGISTRY  # noqa: E402
 
 FPR = 0.01
 TARGET = {"tpr": 0.95, "tokens": 64, "own_ppl_change": 0.10}  # issue 15's target for OpenStamp
@@ -46,7 +48,7 @@ TARGET = {"tpr": 0.95, "tokens": 64, "own_ppl_change": 0.10}  # issue 15's targe
 
 def sweeps(folder: Path) -> list[tuple[str | None, dict]]:
     """(name, results) of the sweep (name None: each run's method) and of each kept shrinkage variant that matches it,
-    named as the summary shows it ('<method> (shrinkage f)', ``summary_sweep.kept_variants``)."""
+    named as the summary shows it ('<method> (shrinkage f)', ``common.kept_variants``)."""
     sweep = json.loads((folder / "results.json").read_text())
     return [(None, sweep)] + [(name, v) for _, v, _, name, why in kept_variants(sweep, folder) if not why]
 

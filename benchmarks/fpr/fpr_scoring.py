@@ -24,12 +24,12 @@ import torch
 from scipy.stats import chi2
 
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
-from openstamp.evaluation.metrics import clopper_pearson
 from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
 from openstamp.models import load_model
 from openstamp.patch import head
+from openstamp.stats import clopper_pearson
 from openstamp.storage import atomic_write_json, read_json
 from openstamp.text import bos_prefix
 

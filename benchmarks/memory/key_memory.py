@@ -1,6 +1,6 @@
 """Peak memory of key building against the number of hidden states: in memory vs sharded on disk.
 
-    python benchmarks/key_memory.py [--model smollm2-135m --sizes 1024,4096,16384]
+    python benchmarks/memory/key_memory.py [--model smollm2-135m --sizes 1024,4096,16384]
 
 Each point runs in a fresh process: load the model and the corpus, note the RSS, then sample
 N hidden states and fit the selector, either in memory (``collect_states`` + ``fit_selector``)
@@ -19,7 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, write_result
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import RESULTS, write_result  # noqa: E402
 
 HIDDEN_7B = 4096
 PAPER_STATES = 1_500_000

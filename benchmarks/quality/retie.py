@@ -1,6 +1,6 @@
 """Re-tied against untied releases of a tied model: perplexity, detection, size, audit.
 
-    python benchmarks/retie.py [--model smollm2-135m --profile default]
+    python benchmarks/quality/retie.py [--model smollm2-135m --profile default]
 
 Builds ONE key on the model (corpus wikipedia, its key half), then writes two releases into
 runs/retie/ (git-ignored): ``untie`` (lm_head = U~, input embeddings = U: the old, leaky
@@ -21,14 +21,18 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import sys
 import time
 from pathlib import Path
 
 import torch
-from common import write_result
-from transformers import AutoModelForCausalLM
 
-from openstamp import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import write_result  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from openstamp import (  # noqa: E402
     DetectConfig,
     Detector,
     WatermarkKey,
@@ -38,13 +42,13 @@ from openstamp import (
     load_profile,
     split_documents,
 )
-from openstamp.audit import audit
-from openstamp.corpus import fingerprint
-from openstamp.evaluation.metrics import clopper_pearson
-from openstamp.generate import sample_completions
-from openstamp.models import resolve_model_path
-from openstamp.patch import apply_watermark, tied_head_mode
-from openstamp.text import bos_prefix, encode, prompt_windows
+from openstamp.corpus import fingerprint  # noqa: E402
+from openstamp.generate import sample_completions  # noqa: E402
+from openstamp.models import resolve_model_path  # noqa: E402
+from openstamp.patch import apply_watermark, tied_head_mode  # noqa: E402
+from openstamp.release.audit import audit  # noqa: E402
+from openstamp.stats import clopper_pearson  # noqa: E402
+from openstamp.text import bos_prefix, encode, prompt_windows  # noqa: E402
 
 RUNS = Path("runs/retie")
 HELDOUT = ("news", "wikipedia")
@@ -115,7 +119,7 @@ def main() -> None:
         "--fpr-texts",
         type=Path,
         default=Path("runs/fpr/texts"),
-        help="unwatermarked texts of benchmarks/fpr_per_key.py: the re-tied key's false-positive rate on them",
+        help="unwatermarked texts of benchmarks/fpr/fpr_per_key.py: the re-tied key's false-positive rate on them",
     )
     parser.add_argument("--fpr-n", type=int, default=500, help="texts per source for that check")
     args = parser.parse_args()

@@ -1,7 +1,8 @@
 """Does a trained key rebuild from its seed? OpenStamp's key built again, compared with one built before.
 
-    python benchmarks/key_rebuild.py [--key runs/sweep-s0/keys/openstamp/s0] [--seed 0] [--threads 2,1]
-    python benchmarks/key_rebuild.py --results benchmarks/results/sweep/seeds/s1/results.json --seed 1 [--method sir]
+    python benchmarks/memory/key_rebuild.py [--key runs/sweep-s0/keys/openstamp/s0] [--seed 0] [--threads 2,1]
+    python benchmarks/memory/key_rebuild.py --results benchmarks/results/sweep/seeds/s1/results.json --seed 1 \
+        [--method sir]
 
 An eval builds OpenStamp's key from ``key_corpus``'s key half and the seed (green lists from
 SHAKE-256; the projection P and the selector S trained in floating point). This script builds the
@@ -20,19 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import write_result
-from safetensors.torch import load_file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-from openstamp import load_documents, load_model, split_documents
-from openstamp.config import EvalConfig
-from openstamp.evaluation.pipeline import key_directory, keyed_method
-from openstamp.methods import create
-from openstamp.methods.common import key_digest
-from openstamp.monitor import machine, thread_count
+from common import write_result  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from openstamp import load_documents, load_model, split_documents  # noqa: E402
+from openstamp.lab.evaluation.config import EvalConfig  # noqa: E402
+from openstamp.lab.evaluation.pipeline import key_directory, keyed_method  # noqa: E402
+from openstamp.lab.methods import create  # noqa: E402
+from openstamp.lab.methods.common import key_digest  # noqa: E402
+from openstamp.monitor import machine, thread_count  # noqa: E402
 
 
 def main() -> None:

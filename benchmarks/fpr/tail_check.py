@@ -1,6 +1,6 @@
 """The tail p-value against a Monte-Carlo run with 10^5 permutations, on real watermarked text.
 
-    python benchmarks/tail_check.py [--model runs/fpr/model --key runs/fpr/key --n 32]
+    python benchmarks/fpr/tail_check.py [--model runs/fpr/model --key runs/fpr/key --n 32]
 
 Watermarked completions of held-out prompts are cut to 16, 32, 64 and 100 scored tokens, so their
 p-values span the range a 10^5-permutation run can resolve (>= 1e-4) and beyond it. For each
@@ -12,18 +12,22 @@ Writes benchmarks/results/tail_check.json.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import write_result
 
-from openstamp import DetectConfig, Detector
-from openstamp.detect.llr import permutation_pvalue
-from openstamp.detect.tail import chernoff_pvalue, tail_terms
-from openstamp.generate import sample_completions
-from openstamp.key.prf import permutations
-from openstamp.storage import read_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import write_result  # noqa: E402
+
+from openstamp import DetectConfig, Detector  # noqa: E402
+from openstamp.detect.llr import permutation_pvalue  # noqa: E402
+from openstamp.detect.tail import chernoff_pvalue, tail_terms  # noqa: E402
+from openstamp.generate import sample_completions  # noqa: E402
+from openstamp.key.prf import permutations  # noqa: E402
+from openstamp.storage import read_json  # noqa: E402
 
 LENGTHS = (16, 32, 64, 100)
 

@@ -1,6 +1,6 @@
 """Embedding cost per stage, and generation speed of the watermarked checkpoint vs the original.
 
-    python benchmarks/embed_stages.py [--profile default] [--skip-embed --out runs/demo]
+    python benchmarks/speed/embed_stages.py [--profile default] [--skip-embed --out runs/demo]
 
 1. Runs ``openstamp.embed`` on the packaged model at the given profile and reports each stage's
    wall time and peak resident memory (recorded in the key's metadata).
@@ -13,17 +13,21 @@ Writes benchmarks/results/embed_stages.json.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
-from common import interleaved, write_result
-from transformers import AutoModelForCausalLM
 
-from openstamp import WatermarkKey, embed, load_documents, load_profile, split_documents
-from openstamp.generate import sample_completions
-from openstamp.models import load_model
-from openstamp.text import prompt_windows
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import interleaved, write_result  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from openstamp import WatermarkKey, embed, load_documents, load_profile, split_documents  # noqa: E402
+from openstamp.generate import sample_completions  # noqa: E402
+from openstamp.models import load_model  # noqa: E402
+from openstamp.text import prompt_windows  # noqa: E402
 
 STAGES = ("hidden_states", "sentence_embeddings", "projection", "selector", "green_lists")  # pipeline order
 

@@ -1,0 +1,353 @@
+"""The tables of docs/results.md, and the README's results-at-a-glance table, rendered from benchmarks/results/.
+
+    python benchmarks/render.py            # rewrite every marked block, each page atomically
+    python benchmarks/render.py --check    # exit 1 naming each stale or missing table; write nothing
+
+A block is ``<!-- table: NAME -->`` ... ``<!-- /table -->``. Each NAME is registered once in TABLES: a function from
+the results folder to the table's markdown lines. Tables only: the prose around them is written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from functools import partial
+from pathlib import Path
+
+from attack_tables import durability, durability_cost, paraphrase, projection
+from common import COST, RESULTS, TPR, kept_variants, pct, rate, read, table
+
+from openstamp.lab.evaluation.pareto import at_equal_cost
+from openstamp.lab.evaluation.report import equal_cost_table
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = (ROOT / "docs" / "results.md", ROOT / "README.md")
+BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+# -- what it costs and what it buys: the Pareto sweep (and its shrinkage variants), the second-order ceiling
+
+
+def sweep(root: Path, variants: bool = True) -> dict:
+    """The sweep's results, with each matching shrinkage variant's points as a method '<method> (shrinkage f)'."""
+    r = read(root / "sweep" / "results.json")
+    if not variants:
+        return r
+    out = {**r, "summary": list(r["summary"]), "length_curve": list(r.get("length_curve", []))}
+    for _, v, method, name, why in kept_variants(r, root / "sweep"):
+        if not why:
+            out["summary"] += [{**s, "method": name} for s in v["summary"] if s["method"] == method]
+            out["length_curve"] += [{**row, "method": name} for row in v["length_curve"] if row["method"] == method]
+    return out
+
+
+def equal_cost(root: Path) -> list[str]:
+    """Each method's TPR at +5/+10/+20% own PPL and the cost of TPR 0.95 (report.equal_cost_table's table)."""
+    return [line for line in equal_cost_table(sweep(root)) if line.startswith("|")]
+
+
+def glance(root: Path) -> list[str]:
+    """The README's table: per method of the sweep, TPR at +10% own PPL and the own PPL change for TPR 0.95."""
+    r = sweep(root, variants=False)
+    rows = []
+    for method in dict.fromkeys(s["method"] for s in r["summary"]):
+        read_ = at_equal_cost(r["summary"], method, COST, (0.10,), 0.95)
+        reach, curve = read_["cost"][0], read_["curve"]
+        needed = pct(reach) if reach is not None else f"above {pct(curve[-1][0])}"
+        rows.append((reach if reach is not None else float("inf"), [method, rate(read_["tpr"][0][0]), needed]))
+    header = ["method", f"TPR@1%FPR at +10% own PPL ({r['config']['new_tokens']} tokens)", "own PPL change for 0.95"]
+    return table(header, [row for _, row in sorted(rows, key=lambda x: x[0])])
+
+
+def budget(root: Path) -> list[str]:
+    """Each method's median efficiency d'/d* and what it needs for TPR 0.95, below the ceiling's own needs."""
+    b = read(root / "detection_budget.json")
+    t = b["target"]
+    rows = [["second-order ceiling", "1.00", pct(t["ceiling_own_ppl_change"]), f"{t['ceiling_tokens']:.0f}", "-"]]
+    for name, m in sorted(b["methods"].items(), key=lambda kv: -kv[1]["efficiency"]):
+        by = " / ".join("-" if e is None else f"{e:.2f}" for e in m["by_length"].values())
+        rows.append(
+            [name, f"{m['efficiency']:.2f}", pct(m["own_ppl_change_for_target"]), f"{m['tokens_for_target']:.0f}", by]
+        )
+    tokens = "/".join(next(iter(b["methods"].values()))["by_length"])
+    header = [
+        "method",
+        f"efficiency at {t['tokens']} tokens",
+        f"own PPL change for TPR {t['tpr']:g} at {t['tokens']} tokens",
+        f"tokens for TPR {t['tpr']:g} at {pct(t['own_ppl_change'])}",
+        f"efficiency at {tokens} tokens",
+    ]
+    return table(header, rows)
+
+
+def llr_split(root: Path) -> list[str]:
+    """Where a mean-LLR score's separation goes, per method and strength (detection_budget.json)."""
+    rows = [
+        [p["method"], f"{p['strength']:g}", pct(p["own_ppl_change"])]
+        + [f"{p['llr_budget'][k]:.2f}" for k in ("seen", "signal", "spread", "efficiency")]
+        for p in read(root / "detection_budget.json")["points"]
+        if (p.get("llr_budget") or {}).get("seen") is not None and "(shrinkage" not in p["method"]
+    ]
+    return table(["method", "strength", "own PPL change", "seen", "signal", "spread", "efficiency"], rows)
+
+
+# -- how short a text can be
+
+
+def lengths(root: Path, cost: float = 0.10) -> list[str]:
+    """Each method's TPR@1%FPR at +10% own PPL, read off its curve at each length of the sweep's length curve."""
+    r = sweep(root)
+    curve = r["length_curve"]
+    tokens = sorted({row["tokens"] for row in curve})
+    costs = {(s["method"], s["strength"]): s[COST] for s in r["summary"]}
+    rows = []
+    for method in dict.fromkeys(s["method"] for s in r["summary"]):
+        cells = []
+        for t in tokens:
+            at = [
+                {"method": method, "strength": row["strength"], COST: costs[method, row["strength"]]}
+                | {TPR: {"mean": row[TPR]}}
+                for row in curve
+                if row["method"] == method and row["tokens"] == t
+            ]
+            cells.append(rate(at_equal_cost(at, method, COST, (cost,), 0.95)["tpr"][0][0]))
+        rows.append([method, *cells])
+    return table(["method", *(f"{t} tokens" for t in tokens)], rows)
+
+
+def short_human(root: Path) -> list[str]:
+    """How often human text cut short passes each method's full-length 1% threshold (threshold_lengths.json)."""
+    runs = read(root / "threshold_lengths.json")["runs"]
+    tokens = [row["tokens"] for row in runs[0]["lengths"]]
+    rows = []
+    for run in runs:
+        at = {row["tokens"]: row for row in run["lengths"]}
+        p = at[64].get("human_flagged_at_p_0.01")
+        over = [f"{at[t]['human_over_full_threshold']:.1%}" for t in tokens]
+        rows.append([run["method"], run["score_scale"], *over, "-" if p is None else f"{p:.1%}"])
+    return table(["method", "score", *(f"{t} tokens" for t in tokens), "64 tokens, at p <= 0.01"], rows, 2)
+
+
+# -- is the false-positive rate right for one key
+
+SOURCES = {
+    "base_pure": "original model, pure sampling",
+    "base_t0.7_p0.9": "original model, T 0.7 / top-p 0.9",
+    "human": "human continuations",
+    "gemma3_pure": "Gemma-3-270M, pure sampling",
+}
+
+
+def fpr_per_key(root: Path) -> list[str]:
+    rows = []
+    for name, src in read(root / "fpr_per_key.json")["sources"].items():
+        for alpha, f in src["exact_m"].items():
+            rows.append(
+                [SOURCES.get(name, name), alpha, f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}"]
+                + [f"{f['keys_with_estimate_in_band']}/{f['n_keys']}", str(f["keys_above_band_significantly"])]
+                + [f"{f['dispersion_p']:.3f}"]
+            )
+    header = ["source", "alpha", "median FPR", "max FPR", "keys in [a/2, 2a]", "keys surely above 2a", "spread p"]
+    return table(header, rows)
+
+
+def tail_check(root: Path) -> list[str]:
+    rows = [
+        [n, f"{s['median_p_reported']:.2g}", f"{s['median_p_mc_1e5']:.2g}", f"{s['flagged_at_0.01']:.2f}"]
+        + [f"{s['below_1e-6']:.2f}"]
+        for n, s in read(root / "tail_check.json")["per_length"].items()
+    ]
+    header = ["scored tokens", "median p reported", "median p, 10^5 permutations", "flagged at p <= 0.01", "p < 1e-6"]
+    return table(header, rows, 0)
+
+
+# -- how fast
+
+
+def detect_speed(root: Path) -> list[str]:
+    r = read(root / "detect_speed.json")
+    rows = [
+        [name.replace("_", " "), f"{tps:.0f}", f"{r['ratio_to_plain_forward'][name]:.2f}"]
+        for name, tps in r["tokens_per_second"].items()
+    ]
+    return table(["pass", "tokens/s", "x plain forward"], rows)
+
+
+def embed_stages(root: Path) -> list[str]:
+    r = read(root / "embed_stages.json")
+    rows = [
+        [name.replace("_", " "), f"{sec:.1f}", f"{r['stage_peak_rss_mb'][name]:.0f}"]
+        for name, sec in r["stage_seconds"].items()
+    ]
+    return table(["stage", "seconds", "peak RSS (MB)"], rows)
+
+
+def eval_time(root: Path) -> list[str]:
+    """Seconds per stage of the default comparison from a cold start: the first run and the latest one."""
+    first, again = (
+        read(p)["timings_s"]
+        for p in (root / "eval_timed" / "results.json", root / "eval_timed" / "rerun" / "results.json")
+    )
+    stages = [k for k in sorted(first["stages"], key=lambda k: -first["stages"][k]) if first["stages"][k] >= 1]
+    rows = [[k, f"{first['stages'][k]:.0f}", f"{again['stages'].get(k, 0):.0f}"] for k in stages]
+    rows.append(["**total**", f"{first['total']:.0f}", f"{again['total']:.0f}"])
+    return table(["stage", "first run (s)", "again (s)"], rows)
+
+
+def serve_load(root: Path) -> list[str]:
+    r = read(root / "serve_load.json")
+    rows = [
+        [f"max batch {s['max_batch']}", f"{s['texts_per_second']:.2f}", f"{s['tokens_per_second']:.0f}"]
+        + [
+            f"{s['latency_p50_s']:.2f}",
+            f"{s['latency_p99_s']:.2f}",
+            str(s["errors"]),
+            f"{s['server_memory_mb']['VmHWM']:.0f}",
+        ]
+        for s in (r["batched"], r["max_batch_1"])
+    ]
+    return table(
+        ["server", "texts/s", "tokens/s", "p50 latency (s)", "p99 latency (s)", "errors", "peak RSS (MB)"], rows
+    )
+
+
+# -- which strength and settings
+
+
+def tune(root: Path, name: str) -> list[str]:
+    r = read(root / f"{name}.json")
+    rows = [
+        [
+            f"{p['delta']:.3g}" + (" (chosen)" if p["delta"] == r["delta"] else ""),
+            f"{p['tpr']:.3f} [{p['tpr_ci'][0]:.3f}, {p['tpr_ci'][1]:.3f}]",
+        ]
+        + [f"{p['own_ppl']:.2f}", pct(p["own_ppl_change"])]
+        for p in r["probes"]
+    ]
+    return table(["delta", "TPR [95% CI]", "own perplexity", "change"], rows, 0)
+
+
+def gamma_delta(root: Path) -> list[str]:
+    r = read(root / "analysis" / "gamma-delta" / "results.json")["rows"]
+    deltas = sorted({row["delta"] for row in r})
+    rows = [
+        [f"{g:g}"]
+        + [
+            f"{row['tpr']:.2f} / {row['own_ppl_change']:+.0%}"
+            for d in deltas
+            for row in r
+            if (row["gamma"], row["delta"]) == (g, d)
+        ]
+        for g in sorted({row["gamma"] for row in r})
+    ]
+    return table(["gamma", *(f"delta {d:g}" for d in deltas)], rows, 0)
+
+
+def downstream(root: Path) -> list[str]:
+    """OpenStamp's strengths on 32 prompts: TPR at 64 tokens, own PPL and lm-eval accuracy, each as a change."""
+    r = read(root / "cost" / "results.json")
+    tasks = list(r["downstream_original"])
+    rows = []
+    for run in r["runs"]:
+        m, tpr64 = run["metrics"], next(x[TPR] for x in run["length_curve"] if x["tokens"] == 64)
+        d = [m["downstream"][t] for t in tasks]
+        rows.append(
+            [f"{run['strength']:g}", rate(tpr64), pct(m[COST])]
+            + [f"{x['change']:+.3f} [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}]" for x in d]
+        )
+    return table(["delta", "TPR 64 tokens", "own PPL change", *(f"{t} change" for t in tasks)], rows, 0)
+
+
+def retie(root: Path) -> list[str]:
+    res = read(root / "retie.json")["results"]
+    rows = []
+    for name, r in res.items():
+        flagged = [f"{r[k]:.0%}" if k in r else "-" for k in ("flagged_completions", "flagged_human")]
+        rows.append([name, f"{r['perplexity']['ppl']:.1f}", *flagged, f"{r['size_mb']:.0f}"])
+    return table(["release", "perplexity", "completions flagged", "human flagged", "safetensors (MB)"], rows)
+
+
+TABLES = {
+    "glance": glance,
+    "equal_cost": equal_cost,
+    "budget": budget,
+    "lengths": lengths,
+    "short_human": short_human,
+    "fpr_per_key": fpr_per_key,
+    "tail_check": tail_check,
+    "paraphrase_12": partial(paraphrase, cost=0.12),
+    "durability": durability,
+    "durability_cost_12": partial(durability_cost, cost=0.12),
+    "detect_speed": detect_speed,
+    "embed_stages": embed_stages,
+    "eval_time": eval_time,
+    "serve_load": serve_load,
+    "tune": partial(tune, name="tune"),
+    "gamma_delta": gamma_delta,
+    "downstream": downstream,
+    "llr_split": llr_split,
+    "projection": projection,
+    "retie": retie,
+}
+
+
+def render_page(text: str, root: Path = RESULTS) -> tuple[str, list[str]]:
+    """``text`` with every marked block filled from ``root``, and the problems: unknown names, failed renders."""
+    problems: list[str] = []
+
+    def fill(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            problems.append(f"{name}: no such table in benchmarks/render.py")
+            return match.group(0)
+        try:
+            rows = TABLES[name](root)
+        except (OSError, KeyError, ValueError) as err:
+            problems.append(f"{name}: cannot render it from {root}: {err!r}")
+            return match.group(0)
+        return match.group(1) + "\n".join(rows) + "\n" + match.group(4)
+
+    return BLOCK.sub(fill, text), problems
+
+
+def stale(page: Path, root: Path = RESULTS, required: tuple[str, ...] = ()) -> tuple[str, list[str], list[str]]:
+    """The page rendered, the tables whose block differs from it, and the problems: unknown names, failed renders,
+    and each name of ``required`` without a block."""
+    text = page.read_text(encoding="utf-8")
+    new, problems = render_page(text, root)
+    old_blocks = {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
+    new_blocks = {m.group(2): m.group(3) for m in BLOCK.finditer(new)}
+    changed = [name for name in old_blocks if old_blocks[name] != new_blocks.get(name)]
+    missing = [f"{name}: no <!-- table: {name} --> block to fill" for name in required if name not in old_blocks]
+    return new, changed, problems + missing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 naming each stale or missing table; write nothing")
+    args = parser.parse_args()
+    from openstamp.storage import atomic_write_text
+
+    failed = False
+    for page, required in zip(PAGES, ((), ("glance",)), strict=True):
+        name = page.relative_to(ROOT)
+        if not page.exists():
+            print(f"{name}: missing", file=sys.stderr)
+            failed = True
+            continue
+        new, changed, problems = stale(page, required=required)
+        for problem in problems + ([f"{t}: stale" for t in changed] if args.check else []):
+            print(f"{name}: {problem}", file=sys.stderr)
+        failed |= bool(problems or changed)
+        if not args.check and changed:
+            atomic_write_text(page, new)
+            print(f"wrote {len(changed)} table(s) into {name}")
+    if args.check and failed:
+        raise SystemExit(1)
+    if args.check:
+        print("every table matches benchmarks/results/")
+
+
+if __name__ == "__main__":
+    main()

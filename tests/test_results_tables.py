@@ -1,0 +1,90 @@
+"""docs/results.md's tables are what benchmarks/render.py makes of the committed JSON under benchmarks/results/, and
+a changed result changes its table, so the check can fail."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.fixture(scope="module")
+def render():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import render
+
+        yield render
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_docs_tables_match_the_committed_json(render):
+    new, changed, problems = render.stale(ROOT / "docs" / "results.md")
+    assert problems == [] and changed == []
+    names = [m.group(2) for m in render.BLOCK.finditer(new)]
+    assert len(names) == len(set(names)) > 10  # every table once
+    assert set(names) <= set(render.TABLES)
+    assert all(m.group(3).startswith("| ") for m in render.BLOCK.finditer(new))  # every block filled
+
+
+def test_headline_figures_are_rendered_from_the_sweep(render):
+    rows = {row.split(" | ")[0][2:]: row for row in render.glance(RESULTS)[2:]}
+    assert rows["openstamp"] == "| openstamp | 0.419 | +42.8% |"
+    assert rows["kgw-llr"] == "| kgw-llr | 0.769 | +17.5% |"
+    assert render.budget(RESULTS)[2].startswith("| second-order ceiling | 1.00 | +13.1% | 83 |")
+
+
+def test_a_changed_result_makes_its_table_stale(render, tmp_path):
+    shutil.copy(RESULTS / "tail_check.json", tmp_path / "tail_check.json")
+    page = tmp_path / "page.md"
+    page.write_text("Tail:\n<!-- table: tail_check -->\n<!-- /table -->\nEnd.\n", encoding="utf-8")
+    filled, changed, problems = render.stale(page, tmp_path)
+    assert changed == ["tail_check"] and problems == []  # the empty block was stale
+    page.write_text(filled, encoding="utf-8")
+    assert render.stale(page, tmp_path)[1:] == ([], [])
+    data = json.loads((tmp_path / "tail_check.json").read_text())
+    data["per_length"]["16"]["flagged_at_0.01"] = 0.5
+    (tmp_path / "tail_check.json").write_text(json.dumps(data))
+    new, changed, _ = render.stale(page, tmp_path)
+    assert changed == ["tail_check"] and "| 16 | 0.1 | 0.1 | 0.50 | 0.00 |" in new
+    assert new.startswith("Tail:\n") and new.endswith("<!-- /table -->\nEnd.\n")  # the prose is left alone
+
+
+def test_missing_data_and_markers_are_named(render, tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- table: tail_check -->\n<!-- /table -->\n<!-- table: nonsense -->\n<!-- /table -->\n")
+    _, _, problems = render.stale(page, tmp_path, required=("glance",))
+    assert [p.split(":")[0] for p in problems] == ["tail_check", "nonsense", "glance"]
+    assert "no <!-- table: glance --> block" in problems[-1]
+
+
+def test_check_exits_1_on_a_stale_page(render, tmp_path, monkeypatch):
+    page = tmp_path / "results.md"
+    page.write_text("<!-- table: tail_check -->\n| stale |\n<!-- /table -->\n", encoding="utf-8")
+    readme = tmp_path / "README.md"
+    readme.write_text("# Tool\n", encoding="utf-8")
+    monkeypatch.setattr(render, "ROOT", tmp_path)
+    monkeypatch.setattr(render, "PAGES", (page, readme))
+    monkeypatch.setattr(sys, "argv", ["render.py", "--check"])
+    with pytest.raises(SystemExit) as stop:
+        render.main()
+    assert stop.value.code == 1 and "| stale |" in page.read_text()  # --check writes nothing
+    monkeypatch.setattr(sys, "argv", ["render.py"])
+    render.main()
+    assert re.search(r"\| 100 \| 1\.2e-06 \|", page.read_text()) and readme.read_text() == "# Tool\n"
+
+
+def test_render_check_runs_as_a_script():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
