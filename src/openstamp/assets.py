@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from openstamp.errors import AssetMissingError
+from openstamp.errors import AssetMissingError, require_extra
 
 INSTALL_HINT = "install it with `bash scripts/install_assets.sh {group}` (scripts/setup.sh installs only 'default')"
 
@@ -150,7 +150,6 @@ PACKAGED_CORPORA = {
 
 def corpus_path(name: str) -> Path:
     """The packaged corpus file; it ships inside gensim's test data (the ``corpora`` extra)."""
-    from openstamp.errors import require_extra
 
     require_extra("gensim", "corpora", f"the packaged corpus {name!r}")
     path = package_dir("gensim") / "test" / PACKAGED_CORPORA[name]

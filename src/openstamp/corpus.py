@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openstamp.assets import PACKAGED_CORPORA, corpus_path
-from openstamp.errors import CorpusError
+from openstamp.errors import CorpusError, require_extra
 
 SPLIT_SALT = b"openstamp/corpus-split/v1"
 
@@ -140,7 +140,6 @@ def _hf_dataset(spec: str) -> list[Document]:
         name, config, split, field = parts
     else:
         raise CorpusError(f"bad dataset spec {spec!r}; expected hf:name[:config]:split:field")
-    from openstamp.errors import require_extra
 
     require_extra("datasets", "corpora", "an hf: corpus")
     import datasets

@@ -27,9 +27,13 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from openstamp.config import check, option
+from openstamp.config import DetectConfig, check, option
 from openstamp.corpus import Document
+from openstamp.detect.detector import Detector
+from openstamp.generate import sample_completions
 from openstamp.key.key import WatermarkKey
+from openstamp.patch import apply_watermark, revert_watermark
+from openstamp.quality import perplexity, window_nll
 from openstamp.stats import clopper_pearson
 from openstamp.text import bos_prefix, prompt_windows
 
@@ -68,7 +72,6 @@ def heldout_pairs(tokenizer, documents: list[Document], cfg: TuneConfig) -> list
 
 def own_perplexity(model, tokenizer, pairs, batch_size: int) -> float:
     """The model's own perplexity on each pair's human continuation given BOS and its prompt."""
-    from openstamp.quality import perplexity, window_nll
 
     bos = bos_prefix(tokenizer)
     return perplexity(window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=batch_size))
@@ -76,9 +79,6 @@ def own_perplexity(model, tokenizer, pairs, batch_size: int) -> float:
 
 def probe(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, tied_head: str, progress: bool) -> dict:
     """Watermark at ``key.delta``, sample, detect, and measure the model's own perplexity; then revert."""
-    from openstamp import DetectConfig, Detector
-    from openstamp.generate import sample_completions
-    from openstamp.patch import apply_watermark, revert_watermark
 
     apply_watermark(model, key, tied_head)
     try:

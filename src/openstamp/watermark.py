@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from openstamp import __version__
 from openstamp.config import EmbedConfig
 from openstamp.corpus import Document, fingerprint, load_documents, split_documents
 from openstamp.embedder import encode_texts
@@ -28,9 +29,10 @@ from openstamp.key.selector import fit_selector
 from openstamp.models import load_model, model_device
 from openstamp.monitor import StageMonitor
 from openstamp.patch import TIED_HEAD_MODES, apply_watermark, head
+from openstamp.state_shards import fit_selector_streaming, write_state_shards
 from openstamp.storage import atomic_directory, check_can_write
 from openstamp.text import never_green_ids
-from openstamp.tune import TuneConfig
+from openstamp.tune import TuneConfig, tune_delta
 
 log = logging.getLogger(__name__)
 _STRENGTH_STATES = 65_536  # sharded states: held-out states behind the effective-strength estimate
@@ -40,8 +42,6 @@ def versions() -> dict[str, str]:
     import numpy
     import sklearn
     import transformers
-
-    from openstamp import __version__
 
     return {
         "openstamp": __version__,
@@ -104,7 +104,6 @@ def build_key(
     over them (mini-batch k-means, summed ridge), so memory does not grow with their number;
     see :mod:`openstamp.state_shards`.
     """
-    from openstamp.state_shards import fit_selector_streaming, write_state_shards
 
     monitor = StageMonitor()
     check_head_input(model, tokenizer)
@@ -213,8 +212,6 @@ def embed(
     key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress, states_dir=states_dir)
     key.meta["corpus"] = {"spec": corpus_spec, "part": corpus_part, **fingerprint(documents)}
     if tune is not None:
-        from openstamp.tune import tune_delta
-
         heldout = split_documents(all_documents, "heldout")
         if corpus_part == "all":
             log.warning("--corpus-part all: the tuning prompts come from documents the key was built on")

@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from openstamp.corpus import load_documents, split_documents
 from openstamp.key.key import WatermarkKey
 from openstamp.stats import threshold_at_fpr
 from openstamp.storage import atomic_write_json, read_json
+from openstamp.text import encode
 
 DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
 
@@ -63,8 +65,6 @@ def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude:
     Documents listed in ``exclude`` (sha256 of the texts that built the key) are skipped, and
     corpora are interleaved window by window.
     """
-    from openstamp.corpus import load_documents, split_documents
-    from openstamp.text import encode
 
     per_corpus = []
     for spec in corpora:

@@ -24,7 +24,7 @@ from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
 from openstamp.hidden import active_cache, decoder_dtype, final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
-from openstamp.models import model_device
+from openstamp.models import load_model, model_device
 from openstamp.patch import check_key, head, tied_head_mode, watermarked_copy
 from openstamp.text import bos_prefix
 
@@ -112,7 +112,6 @@ class Detector:
         cache_dir: str | None = None,
     ) -> Detector:
         """Load a model (directory, hub id or packaged alias) and a key directory."""
-        from openstamp.models import load_model
 
         watermark_key = WatermarkKey.load(key)
         loaded, tokenizer = load_model(model, dtype=dtype, device=device, cache_dir=cache_dir)

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from openstamp.config import DetectConfig
+from openstamp.detect.detector import Detector
+from openstamp.storage import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 INPUT_SUFFIXES = (".jsonl", ".parquet")
@@ -89,8 +91,6 @@ class DetectActor:
 
     def __init__(self, model: str, key: str, config: DetectConfig, dtype: str, device: str, threads: int) -> None:
         import torch
-
-        from openstamp.detect.detector import Detector
 
         torch.set_num_threads(threads)
         self.detector = Detector.from_pretrained(model, key, config, dtype=dtype, device=device)
@@ -243,7 +243,6 @@ def _collect(dataset, todo, out_dir, fmt, summary, on_shard) -> None:
 
 def write_records(path: Path, records: list[dict], fmt: str) -> Path:
     """Write one shard's records atomically, as JSON lines or Parquet."""
-    from openstamp.storage import atomic_write_bytes, atomic_write_text
 
     if fmt == "jsonl":
         return atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))

@@ -28,6 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from openstamp.key.key import WatermarkKey
+from openstamp.models import resolve_model_path
 from openstamp.monitor import thread_count
 from openstamp.patch import tensor_sha256, tied_head_mode
 
@@ -376,7 +377,6 @@ def audit(
     cache_dir: str | Path | None = None,
 ) -> list[Finding]:
     """Every finding about ``checkpoint``, most severe first."""
-    from openstamp.models import resolve_model_path
 
     ckpt = Checkpoint(checkpoint)
     if not ckpt.index:

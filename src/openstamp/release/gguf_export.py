@@ -31,6 +31,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, SpecialVocab, TokenType
 from gguf import GGMLQuantizationType as T
 
+from openstamp.patch import is_tied
 from openstamp.release.gguf_quants import encode
 from openstamp.storage import check_can_write
 
@@ -182,7 +183,6 @@ def write_gguf(
     ``default`` is its generic byte-level pre-tokenizer. Returns a record: path, bytes, seconds,
     whether lm_head was tied, and how many tensors got each type.
     """
-    from openstamp.patch import is_tied
 
     if file_type not in FILE_TYPES:
         raise ValueError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
