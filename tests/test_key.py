@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import stat
@@ -179,3 +180,34 @@ def test_a_format_1_key_still_loads(tmp_path):
     del header["checksum"]
     path.write_text(json.dumps({**header, "format": 1, "key_id": key._legacy_key_id()}))
     assert WatermarkKey.load(tmp_path / "key").key_id == key.key_id
+
+
+def centred(key: WatermarkKey, seed: int = 3) -> WatermarkKey:
+    w = torch.rand(key.vocab_size, generator=torch.Generator().manual_seed(seed))
+    return dataclasses.replace(key, centring=key.green_float.T @ (w / w.sum())), w / w.sum()
+
+
+def test_a_centred_offset_has_a_zero_mean_row_and_the_same_output_distributions():
+    key = make_key()
+    centre, w = centred(key)
+    assert torch.linalg.vector_norm(w @ key.delta_w()) > 0.1  # the plain offset moves the mean row
+    torch.testing.assert_close(w @ centre.delta_w(), torch.zeros(16), rtol=0, atol=1e-5)
+    u = torch.randn(100, 16, generator=torch.Generator().manual_seed(4))
+    h = torch.randn(9, 16, generator=torch.Generator().manual_seed(5))
+    plain = torch.log_softmax(h @ (u + key.delta_w()).T, dim=-1)
+    torch.testing.assert_close(torch.log_softmax(h @ (u + centre.delta_w()).T, dim=-1), plain, rtol=1e-5, atol=1e-4)
+    assert not torch.allclose(centre.delta_w(), key.delta_w(), atol=1e-3)
+
+
+def test_a_centred_key_round_trips_with_its_own_id_and_format(tmp_path):
+    key = make_key()
+    centre, _ = centred(key)
+    assert centre.key_id != key.key_id
+    centre.save(tmp_path / "k")
+    assert json.loads((tmp_path / "k" / "key.json").read_text())["format"] == 3
+    loaded = WatermarkKey.load(tmp_path / "k")
+    torch.testing.assert_close(loaded.centring, centre.centring, rtol=0, atol=0)
+    torch.testing.assert_close(loaded.delta_w(), centre.delta_w(), rtol=0, atol=0)
+    key.save(tmp_path / "plain")  # an uncentred key keeps format 2, which earlier versions read
+    assert json.loads((tmp_path / "plain" / "key.json").read_text())["format"] == 2
+    assert WatermarkKey.load(tmp_path / "plain").centring is None

@@ -68,3 +68,45 @@ def test_shrinkage_sets_the_ridge_penalty_from_the_mean_diagonal_and_zero_keeps_
 def test_negative_shrinkage_is_refused():
     with pytest.raises(ValueError, match="shrinkage"):
         SelectorConfig(shrinkage=-1.0)
+
+
+def test_the_consistency_penalty_at_mu_0_is_the_plain_ridge_and_otherwise_its_closed_form():
+    z, labels = blobs()
+    dz = torch.randn(40, 8, generator=torch.Generator().manual_seed(2))
+    plain = ridge(z, labels, 5, lam=1e-3)
+    torch.testing.assert_close(ridge(z, labels, 5, lam=1e-3, dz=dz, mu=0.0), plain, rtol=0, atol=0)
+    x, d = z.double(), dz.double()
+    y = torch.nn.functional.one_hot(labels, 5).double()
+    reference = y.T @ x @ torch.linalg.inv(x.T @ x + 1e-3 * torch.eye(8, dtype=x.dtype) + 7.0 * d.T @ d)
+    torch.testing.assert_close(ridge(z, labels, 5, lam=1e-3, dz=dz, mu=7.0).double(), reference, rtol=1e-4, atol=1e-5)
+
+
+def test_the_consistency_penalty_recovers_a_selector_that_ignores_the_context_direction():
+    """States carry a stable part (what S should read) and a context part that a cut window changes; the labels
+    follow both in training, so the plain ridge leans on the context part. With the state differences along that
+    part, the penalised S recovers the known, context-free selector."""
+    g = torch.Generator().manual_seed(0)
+    n, d = 3000, 6
+    stable = torch.randn(n, d - 1, generator=g)
+    known = torch.randn(3, d - 1, generator=g)
+    labels = (stable @ known.T).argmax(-1)
+    context = (labels == 0).double() * 2.0 + 0.3 * torch.randn(n, generator=g, dtype=torch.float64)
+    z = torch.cat([stable.double(), context[:, None]], dim=1).float()
+    dz = torch.zeros(500, d)
+    dz[:, -1] = torch.randn(500, generator=g)  # cutting the window moves the context part only
+    plain = ridge(z, labels, 3, lam=1e-3)
+    penalised = ridge(z, labels, 3, lam=1e-3, dz=dz, mu=1e4)
+    assert plain[:, -1].abs().max() > 0.1  # the plain fit reads the context part
+    assert penalised[:, -1].abs().max() < 1e-3  # the penalised one does not
+    reference = ridge(z[:, :-1], labels, 3, lam=1e-3)  # the best selector on the stable part alone
+    torch.testing.assert_close(penalised[:, :-1], reference, rtol=0, atol=1e-3)
+
+
+def test_fit_selector_reports_its_consistency_weight():
+    z, labels = blobs()
+    cfg = SelectorConfig(n_lists=5, min_cluster_size=5, consistency=2.0)
+    dz = torch.randn(30, 8, generator=torch.Generator().manual_seed(3))
+    S, stats = fit_selector(z, z[:20], cfg, dz=dz)
+    assert stats["consistency_mu"] == pytest.approx(2.0 * len(z) / 30)
+    _, plain = fit_selector(z, z[:20], dataclasses.replace(cfg, consistency=0.0), dz=dz)
+    assert plain["consistency_mu"] == 0.0

@@ -78,6 +78,11 @@ class SelectorConfig:
     min_cluster_size: int = option(10, "clusters with fewer training states are dropped")
     ridge_lambda: float = option(1e-3, "lambda of the closed-form ridge regression (its floor when shrinkage > 0)")
     shrinkage: float = option(0.0, "f: ridge lambda = max(f * tr(Z^T Z) / d, ridge_lambda) over the fitted states")
+    consistency: float = option(
+        0.0, "c: weight of the context-consistency penalty mu ||S dZ||^2 (mu = c N / M; 0: the plain ridge)"
+    )
+    consistency_cut: int = option(32, "tokens cut from the front of a window for the consistency penalty's states")
+    consistency_windows: int = option(64, "windows run a second time, cut, for the consistency penalty")
     rescale: bool = option(True, "scale rows so the winning selector value averages 1 on its own cluster")
     heldout_fraction: float = option(0.1, "states held out to report accuracy and effective strength")
     kmeans_max_iter: int = option(100, "k-means iterations")
@@ -89,6 +94,8 @@ class SelectorConfig:
         check(self.min_cluster_size >= 1, "selector.min_cluster_size must be >= 1")
         check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
         check(self.shrinkage >= 0, "selector.shrinkage must be >= 0")
+        check(self.consistency >= 0, "selector.consistency must be >= 0")
+        check(self.consistency_cut >= 1 and self.consistency_windows >= 1, "selector.consistency_* must be >= 1")
         check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
         check(self.kmeans in ("auto", "torch", "sklearn"), "selector.kmeans must be auto, torch or sklearn")
 
@@ -99,6 +106,11 @@ class GreenConfig:
 
     gamma: float = option(0.25, "fraction of the vocabulary in each green list")
     delta: float = option(1.0, "logit boost of a green token under a one-hot selector")
+    centre: bool = option(
+        False,
+        "centre dW on its mean row under the key corpus's token frequencies: a re-tied input embedding moves less, "
+        "and every output distribution stays as it is",
+    )
 
     def __post_init__(self) -> None:
         check(0 < self.gamma < 1, "green.gamma must be in (0, 1)")

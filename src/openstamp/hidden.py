@@ -315,3 +315,37 @@ def collect_states(
     bar.close()
     texts = tokenizer.batch_decode(spans, skip_special_tokens=True)
     return States(hidden[:row], texts, document[:row])
+
+
+def context_deltas(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: StatesConfig,
+    cut: int,
+    n_windows: int,
+) -> torch.Tensor:
+    """Each sampled state on its full window minus the same token's state with the window's first ``cut`` tokens
+    (after any BOS) removed: what a detector that sees less context than the generator did reads differently.
+
+    The first ``n_windows`` of the windows ``collect_states`` plans, each run a second time cut; positions that
+    keep at least ``cfg.min_context`` tokens after the cut. Returns fp32 (M, d).
+    """
+    prefix = len(bos_prefix(tokenizer))
+    full, short = [], []
+    for w in plan_windows(tokenizer, documents, cfg)[:n_windows]:
+        kept = [p for p in w.positions if p - cut >= prefix + cfg.min_context]
+        if kept:
+            full.append(Window(w.document, w.ids, kept))
+            short.append(Window(w.document, w.ids[:prefix] + w.ids[prefix + cut :], [p - cut for p in kept]))
+    if not full:
+        raise ValueError(f"no window is long enough to cut {cut} tokens and keep {cfg.min_context} of context")
+    rows = []
+    for (batch, h), (cut_batch, h_cut) in zip(
+        window_batches(model, tokenizer, full, cfg.batch_size),
+        window_batches(model, tokenizer, short, cfg.batch_size),
+        strict=True,
+    ):
+        for i, (w, c) in enumerate(zip(batch, cut_batch, strict=True)):
+            rows.append(h[i, w.positions] - h_cut[i, c.positions])
+    return torch.cat(rows)

@@ -6,6 +6,7 @@ default gets that BOS in front of every sequence, exactly once.
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 
@@ -56,3 +57,13 @@ def prompt_windows(
             if limit is not None and len(windows) >= limit:
                 return windows
     return windows
+
+
+def token_frequencies(tokenizer: PreTrainedTokenizerBase, documents: list, vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs in ``documents`` (objects with ``.text``), as fp32 weights summing to 1, (V,)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids in tokenizer([d.text for d in documents], add_special_tokens=False).input_ids:
+        counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)[:vocab_size].double()
+    if counts.sum() == 0:
+        raise ValueError("the documents hold no tokens to weigh the centring by")
+    return (counts / counts.sum()).float()

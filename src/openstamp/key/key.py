@@ -3,7 +3,8 @@
 On disk a key is a private directory:
 
 * ``key.json``          settings, statistics, fingerprints, versions (no secret);
-* ``key.safetensors``   P (``projection``, absent when P = I) and S (``selector``);
+* ``key.safetensors``   P (``projection``, absent when P = I), S (``selector``) and, for a centred key, the
+                        frequency-weighted green mass of each list (``centring``);
 * ``secret``            the raw secret bytes, mode 0600.
 
 Pure tensor code: nothing here touches a ``PreTrainedModel``.
@@ -28,7 +29,8 @@ from openstamp.key.prf import PRF_VERSION, green_lists
 from openstamp.storage import atomic_directory, atomic_write_json, read_json
 
 KEY_FORMAT = 2  # 2: key_id covers the header's numbers, and a checksum covers the model record
-READS_FORMATS = (1, 2)
+CENTRED_FORMAT = 3  # 3: a centred key (a ``centring`` tensor), which earlier versions must refuse
+READS_FORMATS = (1, 2, 3)
 REQUIRED = ("format", "key_id", "prf_version", "gamma", "delta", "n_lists", "hidden_size", "vocab_size")
 
 
@@ -44,6 +46,10 @@ class WatermarkKey:
         vocab_size: rows of the unembedding (|V|).
         never_green: token ids that are in no green list (special tokens, padding rows).
         meta: settings, statistics and fingerprints, stored in key.json.
+        centring: c = G^T w, fp32 (L,), the green mass of each list under token frequencies w, or None. A centred
+            key's offset is dW = delta (G - 1 c^T) S P: its frequency-weighted mean row is 0, so a re-tied input
+            embedding moves less, while each output row h only shifts by a constant (delta c^T S P h), which the
+            softmax, and so every output distribution and LLR, ignores.
     """
 
     secret: bytes = field(repr=False)
@@ -54,6 +60,7 @@ class WatermarkKey:
     vocab_size: int
     never_green: list[int] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    centring: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if len(self.secret) < 16:
@@ -61,6 +68,8 @@ class WatermarkKey:
         d = self.selector.shape[1]
         if self.projection is not None and tuple(self.projection.shape) != (d, d):
             raise ValueError(f"projection shape {tuple(self.projection.shape)} does not match selector width {d}")
+        if self.centring is not None and tuple(self.centring.shape) != (self.selector.shape[0],):
+            raise ValueError(f"centring shape {tuple(self.centring.shape)} does not match {self.n_lists} lists")
 
     # -- shapes and derived matrices -----------------------------------------------------------
 
@@ -97,6 +106,8 @@ class WatermarkKey:
         digest.update(self.selector.numpy().tobytes())
         if self.projection is not None:
             digest.update(self.projection.numpy().tobytes())
+        if self.centring is not None:
+            digest.update(b"centring" + self.centring.numpy().tobytes())
         return digest
 
     def _legacy_key_id(self) -> str:
@@ -138,8 +149,11 @@ class WatermarkKey:
         return self.delta * (self.selector_values(hidden) @ green.T)
 
     def delta_w(self) -> torch.Tensor:
-        """The materialised offset dW = delta * G S P, fp32 (V, d)."""
-        return self.delta * (self.green_float @ self.selector_weights)
+        """The materialised offset dW = delta * G S P, fp32 (V, d); centred, delta * (G S P - 1 c^T S P)."""
+        offset = self.green_float @ self.selector_weights
+        if self.centring is not None:
+            offset -= (self.centring.float() @ self.selector_weights)[None, :]
+        return self.delta * offset
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -150,6 +164,8 @@ class WatermarkKey:
             tensors = {"selector": self.selector.contiguous()}
             if self.projection is not None:
                 tensors["projection"] = self.projection.contiguous()
+            if self.centring is not None:
+                tensors["centring"] = self.centring.contiguous()
             save_file(tensors, str(tmp / "key.safetensors"))
             fd = os.open(tmp / "secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
@@ -159,7 +175,7 @@ class WatermarkKey:
 
     def _header(self) -> dict[str, Any]:
         return {
-            "format": KEY_FORMAT,
+            "format": KEY_FORMAT if self.centring is None else CENTRED_FORMAT,
             "key_id": self.key_id,
             "prf_version": PRF_VERSION,
             "gamma": self.gamma,
@@ -201,9 +217,11 @@ class WatermarkKey:
             tensors = load_file(str(directory / "key.safetensors"))
         except (SafetensorError, OSError) as err:
             raise InvalidKeyError(f"{directory / 'key.safetensors'} is corrupt: {err}") from err
-        if "selector" not in tensors or (header.get("projection") and "projection" not in tensors):
-            what = "selector" if "selector" not in tensors else "projection"
-            raise InvalidKeyError(f"{directory / 'key.safetensors'} lacks the {what} tensor")
+        needed = ["selector", *(["projection"] if header.get("projection") else [])]
+        needed += ["centring"] if fmt >= CENTRED_FORMAT else []
+        for what in needed:
+            if what not in tensors:
+                raise InvalidKeyError(f"{directory / 'key.safetensors'} lacks the {what} tensor")
         meta = {k: v for k, v in header.items() if k not in {*REQUIRED, "projection", "never_green", "checksum"}}
         try:
             key = cls(
@@ -215,6 +233,7 @@ class WatermarkKey:
                 vocab_size=int(header["vocab_size"]),
                 never_green=[int(t) for t in header.get("never_green", [])],
                 meta=meta,
+                centring=tensors.get("centring") if fmt >= CENTRED_FORMAT else None,
             )
             shape_ok = (key.n_lists, key.hidden_size) == (int(header["n_lists"]), int(header["hidden_size"]))
         except (TypeError, ValueError) as err:

@@ -15,13 +15,28 @@ from openstamp.key.kmeans import assign, kmeans
 _FULL_KMEANS_LIMIT = 200_000  # above this many states, use incremental (mini-batch) k-means as the paper does
 
 
-def ridge(z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, intercept: bool = False) -> torch.Tensor:
-    """Solve min_S sum_i ||S z_i - y_i||^2 + lam ||S||_F^2 in closed form (float64).
+def ridge(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+    lam: float,
+    intercept: bool = False,
+    dz: torch.Tensor | None = None,
+    mu: float = 0.0,
+) -> torch.Tensor:
+    """Solve min_S sum_i ||S z_i - y_i||^2 + lam ||S||_F^2 + mu sum_j ||S dz_j||^2 in closed form (float64):
+
+        S = Y^T Z (Z^T Z + lam I + mu dZ^T dZ)^-1
+
+    The last term is the context-consistency penalty: ``dz`` holds differences between a state computed on its
+    full window and the same state computed with the window's first part cut, so S learns to select alike for
+    both (what a prompt-free detector, which sees less context than the generator did, needs).
 
     Args:
         z: (N, d) inputs.
         labels: (N,) class ids in [0, n_classes).
         intercept: append a constant feature (analysis only: a weight patch has no bias).
+        dz: (M, d) state differences, or None; ``mu`` weighs them (0: the plain ridge).
     Returns:
         S, (n_classes, d) or (n_classes, d + 1) with ``intercept``.
     """
@@ -31,7 +46,16 @@ def ridge(z: torch.Tensor, labels: torch.Tensor, n_classes: int, lam: float, int
     y = torch.zeros(len(x), n_classes, dtype=x.dtype)
     y[torch.arange(len(x)), labels] = 1.0
     gram = x.T @ x + lam * torch.eye(x.shape[1], dtype=x.dtype)
+    if dz is not None and mu > 0:
+        if intercept:
+            raise ValueError("the consistency penalty takes no intercept")
+        gram += mu * (dz.double().T @ dz.double())
     return torch.linalg.solve(gram, x.T @ y).T.float()
+
+
+def consistency_weight(cfg: SelectorConfig, n_fit: int, n_deltas: int) -> float:
+    """mu = ``cfg.consistency`` * N / M: at 1, a state difference weighs as much as a fitted state."""
+    return cfg.consistency * n_fit / max(n_deltas, 1)
 
 
 def ridge_lambda(cfg: SelectorConfig, trace: float, width: int) -> float:
@@ -97,12 +121,15 @@ def accuracy(S: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> float:
     return float(((z @ S.T).argmax(-1) == labels).float().mean())
 
 
-def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorConfig) -> tuple[torch.Tensor, dict]:
-    """Cluster, drop small clusters, ridge-regress, rescale.
+def fit_selector(
+    z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorConfig, dz: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict]:
+    """Cluster, drop small clusters, ridge-regress (with the consistency penalty when ``dz`` is given), rescale.
 
     Args:
         z_train: (N, d) projected training states.
         z_heldout: (M, d) projected held-out states (for reporting only).
+        dz: (K, d) projected state differences for the consistency penalty (``cfg.consistency``), or None.
     Returns:
         S with one row per kept cluster, (L_eff, d), and a stats dict.
     """
@@ -118,7 +145,8 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
     in_kept = train_labels >= 0
     z_fit, y_fit = z_train[in_kept], train_labels[in_kept]
     lam = ridge_lambda(cfg, float((z_fit.double() ** 2).sum()), z_fit.shape[1])
-    S = ridge(z_fit, y_fit, len(kept), lam)
+    mu = consistency_weight(cfg, len(z_fit), len(dz)) if dz is not None else 0.0
+    S = ridge(z_fit, y_fit, len(kept), lam, dz=dz, mu=mu)
     factors = torch.ones(len(kept))
     if cfg.rescale:
         S, factors = rescale_rows(S, z_fit, y_fit)
@@ -137,5 +165,6 @@ def fit_selector(z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorCo
         "rescale_factor_max": float(factors.max()),
         "kmeans": clusters.method,
         "ridge_lambda": lam,
+        "consistency_mu": mu,
     }
     return S, stats
