@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from openstamp.cli import app as cli
 from openstamp.key import WatermarkKey
 from openstamp.patch import apply_watermark, head
-from openstamp.release.audit import audit, sketch_rank
+from openstamp.release.audit import audit, similarity, sketch_rank
 
 runner = CliRunner()
 
@@ -181,3 +181,78 @@ def test_audit_refuses_what_it_cannot_read(tmp_path):
     (tmp_path / "empty").mkdir()
     result = runner.invoke(cli, ["audit", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "no safetensors" in result.output
+
+
+def test_similarity_is_blockwise_centred_and_scale_free():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1000, 24, generator=g), torch.randn(1000, 24, generator=g)
+    same = similarity(iter(a.split(128)), iter(a.split(128)))
+    assert same.cosine == pytest.approx(1.0) and same.relative_difference == 0.0
+    shifted = 3 * a + torch.randn(1, 24, generator=g)  # a scaled copy with a shared row added still leaks
+    assert similarity(iter(shifted.split(300)), iter(a.split(300))).cosine == pytest.approx(1.0, abs=1e-6)
+    assert abs(similarity(iter([a]), iter([b])).cosine) < 0.1
+    near = similarity(iter(a.split(7)), iter((a + 0.5 * b).split(7)))
+    assert near.cosine == pytest.approx(1 / 1.25**0.5, abs=0.02) and 0.3 < near.relative_difference < 0.6
+
+
+def save_weights(model_dir, change):
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights.update(change(weights))
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def base_u(tiny_model_dir):
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    return base.get("lm_head.weight", base["model.embed_tokens.weight"])
+
+
+def noisy(u, scale=0.05):
+    return u + torch.randn(u.shape, generator=torch.Generator().manual_seed(3)) * scale * u.std()
+
+
+def test_an_untied_release_with_embeddings_near_u_is_a_near_copy(release, tiny_model_dir, tmp_path):
+    """lm_head = U + a realistic dW (||dW|| = 0.3 ||U||, SmolLM2 at delta 2), embeddings = U + 5% noise: no exact
+    copy, and lm_head - embeddings has full rank, yet it is mostly dW."""
+    u = base_u(tiny_model_dir)
+    dw = WatermarkKey.load(release / "key").delta_w()
+    model_dir = copy_release(release, tmp_path)
+    change = {"lm_head.weight": u + dw * (0.3 * u.norm() / dw.norm()), "model.embed_tokens.weight": noisy(u)}
+    save_weights(model_dir, lambda w: change)
+    (finding,) = highs(audit(model_dir))
+    assert finding.check == "near copy" and "lm_head and the input embeddings" in finding.message
+    rank = int(finding.details[0].split(": ")[1].split()[0])
+    assert rank > 0.75 * 32  # the rank test alone misses it
+    assert float(finding.details[1].split()[1].rstrip(",")) > 0.9
+    with_base = highs(audit(model_dir, base=str(tiny_model_dir)), "near copy")
+    assert any(f.message.startswith("model.embed_tokens.weight is a near copy of") and "(U)" in f.message
+               for f in with_base)  # fmt: skip
+    assert highs(audit(model_dir, near_cosine=0.999)) == []  # the threshold is the option's
+
+
+def test_the_key_finds_a_near_copy_of_u_that_u_tilde_hides(release, tiny_model_dir, tmp_path):
+    """This key's dW is large (||dW|| = 7.5 ||U||), so U~ no longer resembles U; U~ - dW does."""
+    model_dir = copy_release(release, tmp_path)
+    save_weights(model_dir, lambda w: {"model.embed_tokens.weight": noisy(base_u(tiny_model_dir))})
+    assert highs(audit(model_dir), "near copy") == []
+    (finding,) = highs(audit(model_dir, release / "key"), "near copy")
+    assert finding.message.startswith("model.embed_tokens.weight is a near copy of the original unembedding U")
+
+
+def test_proper_releases_have_no_near_copies(release, retied, tiny_model_dir):
+    assert highs(audit(retied / "model", base=str(tiny_model_dir)), "near copy") == []
+    assert highs(audit(retied / "model", retied / "key"), "near copy") == []
+    findings = audit(release / "model", release / "key", base=str(tiny_model_dir))
+    assert highs(findings, "near copy") == []  # the untie export's exact copy of U is the other checks' finding
+    if not source_is_tied(tiny_model_dir):  # an untied base's embeddings differ from its head, as in real models
+        (tied,) = [f for f in findings if f.check == "tied head"]
+        cosine = float(tied.details[1].split()[1].rstrip(","))
+        assert "separate and unrelated" in tied.message and abs(cosine) < 0.2
+
+
+def test_a_second_copy_of_the_head_under_another_name_is_a_near_copy(retied, tmp_path):
+    model_dir = copy_release(retied, tmp_path)
+    save_weights(
+        model_dir, lambda w: {"old_head": w.get("lm_head.weight", w["model.embed_tokens.weight"]) * 0.9 + 0.01}
+    )
+    (finding,) = highs(audit(model_dir), "near copy")
+    assert finding.message.startswith("old_head is a near copy of the released unembedding")

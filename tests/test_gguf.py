@@ -214,3 +214,21 @@ def test_other_file_types_load_back(tiny_model_dir, tmp_path, quant, bound):
     for name, param in model.named_parameters():
         error = float((reloaded[name] - param).detach().norm() / param.detach().norm())
         assert error < bound, (name, error)
+
+
+def test_the_gguf_metadata_discloses_the_watermark(stamped, tmp_path):
+    from gguf import GGUFReader
+
+    from openstamp.release.card import read_disclosure
+
+    disclosure = read_disclosure(stamped / "model")
+    assert disclosure is not None and disclosure.key_id == WatermarkKey.load(stamped / "key").key_id
+    export_gguf(stamped / "model", tmp_path / "on.gguf", "f32")
+    fields = GGUFReader(tmp_path / "on.gguf").fields
+    got = {k: fields[k].contents() for k in fields if k.startswith("openstamp.")}
+    assert got == pytest.approx(disclosure.gguf_metadata())
+    assert {"openstamp.method", "openstamp.key_id", "openstamp.gamma", "openstamp.n_lists"} <= set(got)
+    result = runner.invoke(app, ["export", "gguf", "--model", str(stamped / "model"), "--out",
+                                 str(tmp_path / "off.gguf"), "--quant", "f32", "--no-disclose"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not [k for k in GGUFReader(tmp_path / "off.gguf").fields if k.startswith("openstamp.")]

@@ -21,7 +21,7 @@ from openstamp import __version__
 from openstamp.config import EmbedConfig
 from openstamp.corpus import Document, fingerprint, load_documents, split_documents
 from openstamp.embedder import encode_texts
-from openstamp.hidden import States, collect_states, final_hidden
+from openstamp.hidden import States, collect_states, context_deltas, final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import new_secret
 from openstamp.key.projection import train_projection
@@ -29,9 +29,10 @@ from openstamp.key.selector import fit_selector
 from openstamp.models import load_model, model_device
 from openstamp.monitor import StageMonitor
 from openstamp.patch import TIED_HEAD_MODES, apply_watermark, head
+from openstamp.release.card import Disclosure, base_card_header, check_verify_url, write_disclosure
 from openstamp.state_shards import fit_selector_streaming, write_state_shards
 from openstamp.storage import atomic_directory, check_can_write
-from openstamp.text import never_green_ids
+from openstamp.text import never_green_ids, token_frequencies
 from openstamp.tune import TuneConfig, tune_delta
 
 log = logging.getLogger(__name__)
@@ -123,14 +124,25 @@ def build_key(
         with monitor.stage("projection"):
             hidden = states.load(subset) if sharded else states.hidden[subset]
             projection, projection_stats = train_projection(hidden, targets, cfg.projection, progress)
+
+    def state_deltas(projection: torch.Tensor | None) -> torch.Tensor | None:
+        """The consistency penalty's projected state differences, when it is on."""
+        if cfg.selector.consistency == 0:
+            return None
+        sel = cfg.selector
+        dh = context_deltas(model, tokenizer, documents, cfg.states, sel.consistency_cut, sel.consistency_windows)
+        return dh if projection is None else dh @ projection.T
+
     with monitor.stage("selector"):
+        if sharded and cfg.selector.consistency > 0:
+            raise ValueError("selector.consistency needs states in memory; it does not run with --states-dir yet")
         if sharded:
             fit_device = "cuda" if torch.cuda.is_available() else "cpu"
             selector, selector_stats = fit_selector_streaming(states, train, held, projection, cfg.selector, fit_device)
             held_hidden = states.load(held[:_STRENGTH_STATES])
         else:
             z = states.hidden if projection is None else states.hidden @ projection.T
-            selector, selector_stats = fit_selector(z[train], z[held], cfg.selector)
+            selector, selector_stats = fit_selector(z[train], z[held], cfg.selector, dz=state_deltas(projection))
             held_hidden = states.hidden[held]
     vocab_size = head(model).weight.shape[0]
     key = WatermarkKey(
@@ -142,6 +154,8 @@ def build_key(
         vocab_size=vocab_size,
         never_green=never_green_ids(tokenizer, vocab_size),
     )
+    if cfg.green.centre:
+        key.centring = key.green_float.T @ token_frequencies(tokenizer, documents, vocab_size)
     with monitor.stage("green_lists"):
         selector_stats["effective_strength"] = effective_strength(key, held_hidden)
     selector_stats["effective_strength_over_delta"] = selector_stats["effective_strength"] / key.delta
@@ -189,6 +203,8 @@ def embed(
     states_dir: str | os.PathLike | None = None,
     tied_head: str = "retie",
     tune: TuneConfig | None = None,
+    disclose: bool = True,
+    verify_url: str | None = None,
 ) -> EmbedResult:
     """Build a key on ``corpus_spec``, watermark ``model_spec``, and write both atomically.
 
@@ -199,10 +215,13 @@ def embed(
     ``tied_head`` applies to models whose lm_head is tied to the input embeddings: ``retie``
     (default) keeps one shared tensor holding U~, so the checkpoint has the base's size and
     config and no copy of U; ``untie`` keeps the input embeddings at U (leaks the offset).
-    The key is written first: a checkpoint must never exist without its key.
+    The key is written first: a checkpoint must never exist without its key. With ``disclose``
+    (the default) the checkpoint says what it is: a model card and ``watermark.json``
+    (:mod:`openstamp.release.card`), naming ``verify_url`` as the way to verify when given.
     """
     if tied_head not in TIED_HEAD_MODES:
         raise ValueError(f"tied_head must be one of {', '.join(TIED_HEAD_MODES)}, not {tied_head!r}")
+    check_verify_url(verify_url)
     if out is not None:
         check_can_write(out, overwrite)
     check_can_write(key_dir, overwrite)
@@ -216,18 +235,35 @@ def embed(
         if corpus_part == "all":
             log.warning("--corpus-part all: the tuning prompts come from documents the key was built on")
         key, _ = tune_delta(model, tokenizer, key, heldout, tune, tied_head, progress)
-    write_release(model, tokenizer, key, key_dir, out, tied_head, model_spec, overwrite)
+    release = Release(disclose, verify_url, cache_dir)
+    write_release(model, tokenizer, key, key_dir, out, tied_head, model_spec, overwrite, release)
     return EmbedResult(key, Path(out) if out is not None else None, Path(key_dir), model, tokenizer)
 
 
-def write_release(model, tokenizer, key: WatermarkKey, key_dir, out, tied_head: str, source: str, overwrite: bool):
+@dataclass(frozen=True)
+class Release:
+    """How a checkpoint presents itself: ``disclose`` writes a model card and watermark.json
+    naming ``verify_url`` (else "contact the owner"); ``cache_dir`` finds a hub base's card."""
+
+    disclose: bool = True
+    verify_url: str | None = None
+    cache_dir: str | os.PathLike | None = None
+
+
+def write_release(model, tokenizer, key: WatermarkKey, key_dir, out, tied_head: str, source: str, overwrite: bool,
+                  release: Release | None = None):  # fmt: skip
     """Watermark ``model`` in place, then write the key and (unless ``out`` is None) the checkpoint.
 
-    The key is written first: a checkpoint must never exist without its key.
+    The key is written first: a checkpoint must never exist without its key. The checkpoint's
+    folder appears whole, model card and watermark.json included, or not at all.
     """
     apply_watermark(model, key, tied_head, source=source)
     key.save(key_dir, overwrite=overwrite)
+    release = release or Release()
     if out is not None:
+        disclosure = Disclosure.from_key(key, base_model=source, verify_url=release.verify_url)
         with atomic_directory(out, overwrite=overwrite) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            if release.disclose:
+                write_disclosure(tmp, disclosure, base_card_header(source, release.cache_dir))

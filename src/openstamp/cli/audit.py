@@ -18,6 +18,11 @@ def audit(
     checkpoint: Path = typer.Argument(..., help="the checkpoint directory about to be released"),
     key: Path | None = typer.Option(None, "--key", "-k", help="the private key, to look for its material"),
     base: str | None = typer.Option(None, help="the public base checkpoint (directory or packaged alias)"),
+    near_cosine: float = typer.Option(
+        0.5,
+        help="flag two matrices as near copies when their mean-centred cosine reaches this: a watermark moves U by "
+        "0.14-0.6 x delta relative to its size, so U~ and U stay near 0.6-0.96, unrelated matrices near 0",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the findings as JSON"),
     cache_dir: Path | None = CacheOption,
 ) -> None:
@@ -25,13 +30,14 @@ def audit(
     from openstamp.release.audit import audit as run_audit
 
     setup_logging(quiet=True)
-    findings = run_audit(checkpoint, key, base, cache_dir=cache_dir)
+    findings = run_audit(checkpoint, key, base, cache_dir=cache_dir, near_cosine=near_cosine)
     counts = {s: sum(f.severity == s for f in findings) for s in ("high", "medium", "info")}
     if as_json:
         report = {
             "checkpoint": str(checkpoint),
             "key": str(key) if key else None,
             "base": base,
+            "near_cosine": near_cosine,
             "summary": counts,
             "findings": [f.to_dict() for f in findings],
         }

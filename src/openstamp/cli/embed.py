@@ -21,6 +21,16 @@ from openstamp.cli.common import (
 )
 from openstamp.config import EmbedConfig, load_profile
 
+NoDiscloseOption = typer.Option(
+    False,
+    "--no-disclose",
+    help="write no model card (README.md) and no watermark.json into the checkpoint; by default the release says "
+    "it is watermarked, with what, its key id and how to verify",
+)
+VerifyUrlOption = typer.Option(
+    None, "--verify-url", help="the detection service's URL, named in the model card (default: 'contact the owner')"
+)
+
 
 def read_secret(path: Path) -> bytes:
     """A secret file holds raw bytes, or hex text (64 hex digits for 256 bits)."""
@@ -85,6 +95,8 @@ def embed(
         "shared tensor (same size and config as the base, no copy of U); 'untie' keeps the input embeddings "
         "at U, which lets anyone subtract the watermark. No effect on an untied model",
     ),
+    no_disclose: bool = NoDiscloseOption,
+    verify_url: str | None = VerifyUrlOption,
     overwrite: bool = typer.Option(False, help="replace existing output directories"),
     quiet: bool = typer.Option(False, help="no progress bars"),
     device_map: str | None = typer.Option(
@@ -133,6 +145,8 @@ def embed(
         states_dir=states_dir,
         tied_head=tied_head,
         tune=tune,
+        disclose=not no_disclose,
+        verify_url=verify_url,
     )
     if tune is not None:
         print_tune(result.key.meta["tune"])

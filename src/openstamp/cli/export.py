@@ -20,6 +20,9 @@ def gguf(
     pre: str = typer.Option(
         "default", help="tokenizer.ggml.pre: llama.cpp's name for the pre-tokenizer (SmolLM2: smollm)"
     ),
+    no_disclose: bool = typer.Option(
+        False, "--no-disclose", help="leave the model folder's watermark.json out of the GGUF metadata (openstamp.*)"
+    ),
     overwrite: bool = typer.Option(False, help="replace an existing output file"),
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
@@ -29,10 +32,12 @@ def gguf(
     setup_logging(quiet)
     if not model.is_dir():
         raise FileNotFoundError(f"model directory {model} does not exist")
-    record = export_gguf(model, out, quant.strip().lower(), overwrite=overwrite, pre=pre)
+    record = export_gguf(model, out, quant.strip().lower(), overwrite=overwrite, pre=pre, disclose=not no_disclose)
     types = ", ".join(f"{n} x{c}" for n, c in sorted(record["tensor_types"].items()))
     head = "tied (one token_embd.weight serves as lm_head)" if record["tied"] else "untied (output.weight)"
     console.print(
         f"wrote [bold]{record['path']}[/] ({record['bytes'] / 2**20:.1f} MiB, {record['file_type']}, "
         f"{record['seconds']:.1f} s); lm_head {head}; tensors: {types}"
     )
+    if record["disclosure"]:
+        console.print(f"metadata discloses the watermark: openstamp.* (key id {record['disclosure']['key_id']})")

@@ -14,7 +14,7 @@ from openstamp.cli.common import (
     parse_settings,
     setup_logging,
 )
-from openstamp.cli.embed import print_summary, print_tune, resolve_config
+from openstamp.cli.embed import NoDiscloseOption, VerifyUrlOption, print_summary, print_tune, resolve_config
 
 
 @friendly_errors
@@ -41,17 +41,21 @@ def tune(
     ),
     dtype: str = DtypeOption,
     device: str = DeviceOption,
+    no_disclose: bool = NoDiscloseOption,
+    verify_url: str | None = VerifyUrlOption,
     overwrite: bool = typer.Option(False, help="replace existing output directories"),
     quiet: bool = typer.Option(False, help="no progress bars"),
 ) -> None:
     """Choose delta: the smallest whose watermark is flagged in --target-tpr of texts of --tokens tokens."""
+    from openstamp.release.card import check_verify_url
     from openstamp.tune import TuneConfig
-    from openstamp.watermark import embed
+    from openstamp.watermark import Release, embed
 
     setup_logging(quiet)
+    release = Release(disclose=not no_disclose, verify_url=check_verify_url(verify_url))
     cfg = TuneConfig(target_tpr=target_tpr, tokens=tokens, fpr=fpr, n=n, low=low, high=high, steps=steps, seed=seed)
     if from_key is not None:
-        retune(from_key, key, out, model, corpus, cfg, tied_head, dtype, device, overwrite, quiet)
+        retune(from_key, key, out, model, corpus, cfg, tied_head, dtype, device, overwrite, quiet, release)
         return
     result = embed(
         model,
@@ -65,13 +69,15 @@ def tune(
         progress=not quiet,
         tied_head=tied_head,
         tune=cfg,
+        disclose=release.disclose,
+        verify_url=release.verify_url,
     )
     print_tune(result.key.meta["tune"])
     print_summary(result.key, result.model_dir, result.key_dir)
 
 
 def retune(source: Path, key_dir: Path, out: Path | None, model: str, corpus: str, cfg, tied_head, dtype, device,
-           overwrite: bool, quiet: bool) -> None:  # fmt: skip
+           overwrite: bool, quiet: bool, release=None) -> None:  # fmt: skip
     """Load a key, choose its delta on the base model, and write the tuned key (and checkpoint)."""
     from openstamp.corpus import load_documents, split_documents
     from openstamp.key import WatermarkKey
@@ -87,6 +93,6 @@ def retune(source: Path, key_dir: Path, out: Path | None, model: str, corpus: st
     base, tokenizer = load_model(model, dtype=dtype, device=device)
     heldout = split_documents(load_documents(corpus), "heldout")
     key, report = tune_delta(base, tokenizer, base_key, heldout, cfg, tied_head, progress=not quiet)
-    write_release(base, tokenizer, key, key_dir, out, tied_head, model, overwrite)
+    write_release(base, tokenizer, key, key_dir, out, tied_head, model, overwrite, release)
     print_tune(report)
     print_summary(key, out, key_dir)

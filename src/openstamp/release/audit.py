@@ -2,7 +2,9 @@
 
 Reads safetensors lazily (``safe_open``); never loads the model. Checks:
 
-* key material: key files, key-like tensors or JSON, the secret's bytes, OpenStamp mentions;
+* key material: key files, key-like tensors or JSON, the secret's bytes (high). The disclosure a
+  release makes by default, a model card and ``watermark.json`` (:mod:`openstamp.release.card`),
+  is fine: it is checked to hold the disclosure's fields and nothing else;
 * a tied head: a tied base exported with ``--tied-head untie`` keeps its input embeddings at the
   original U, and ``U~ - E = dW`` gives the watermark away. Seen from the key's record, or
   without a key from the low numerical rank of lm_head minus the embeddings. A re-tied release
@@ -10,7 +12,10 @@ Reads safetensors lazily (``safe_open``); never loads the model. Checks:
 * the key's fingerprints: does the release carry the watermarked head, the original, or neither;
 * a public base: an identical head means no watermark; a different one exposes dW = U~ - U_base;
   any release tensor equal to the base's lm_head or input embeddings is a copy of U; and
-  anything else that differs from the base (tensors, config keys, files).
+  anything else that differs from the base (tensors, config keys, files);
+* near copies: a tensor that is not U~ but nearly parallel to it, or to the base's U, gives the
+  watermark away even when it is not equal (``U~ - E = dW + (U - E)``). See :func:`similarity`
+  and ``NEAR_COSINE``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from openstamp.key.key import WatermarkKey
 from openstamp.models import resolve_model_path
 from openstamp.monitor import thread_count
 from openstamp.patch import tensor_sha256, tied_head_mode
+from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, read_disclosure
 
 SEVERITIES = ("high", "medium", "info")
 KEY_FILES = {"key.json", "key.safetensors", "secret"}
@@ -42,10 +48,18 @@ EMBED_SUFFIXES = (
     "embed_in.weight",
     "tok_embeddings.weight",
 )
-KEY_TENSOR = re.compile(r"(^|\.)(selector|projection)$|openstamp|watermark", re.IGNORECASE)
+KEY_TENSOR = re.compile(r"(^|\.)(selector|projection|centring)$|openstamp|watermark", re.IGNORECASE)
 TEXT_SUFFIXES = {".json", ".txt", ".md", ".jinja", ".yaml", ".yml", ".py", ".cfg"}
 IGNORED_CONFIG = {"transformers_version", "_name_or_path", "_model_name_or_path"}
 LOW_RANK = 0.75  # rank(lm_head - embeddings) <= this fraction of the width counts as low
+# Two matrices whose mean-centred cosine is >= this are near copies. A watermark is not a small
+# relative change: ||dW|| / ||U|| is 0.14 x delta on SmolLM2-135M (L = 16) and 0.6 x delta on the
+# tiny test Llama, so U~ and U have cosine about 1 / sqrt(1 + r^2): 0.96 to 0.64 for r = 0.28 to
+# 1.2, and any relative-difference threshold small enough to spare unrelated matrices would miss
+# them. Unrelated matrices have cosine near 0; 0.5 flags r up to 1.7. Cosine ignores scale and a
+# shared mean row, which a leak survives too: from X = cU + 1 m^T, U~ - (X - 1 m^T) / c = dW.
+NEAR_COSINE = 0.5
+EQUAL = 1e-5  # a relative difference below this is equality up to fp32 rounding (the exact-copy checks' case)
 
 
 @dataclass
@@ -130,6 +144,42 @@ def sketch_rank(blocks: Iterator[torch.Tensor], width: int, *, tol: float = 1e-3
     return int((values > tol**2 * values[0]).sum())
 
 
+@dataclass(frozen=True)
+class Similarity:
+    """How close two same-shaped matrices A and B are."""
+
+    cosine: float  # of the mean-centred matrices (each minus its mean row), flattened
+    relative_difference: float  # ||A - B|| / ||B||, Frobenius
+
+    def describe(self) -> str:
+        return f"cosine {self.cosine:.3f}, relative difference {self.relative_difference:.3f}"
+
+
+def similarity(a: Iterator[torch.Tensor], b: Iterator[torch.Tensor]) -> Similarity:
+    """:class:`Similarity` of two (V, d) matrices given as matching row blocks, in one pass.
+
+    Each block is cast to float32 and summed into float64 totals (column sums, <A, B>, ||A||^2,
+    ||B||^2, ||A - B||^2), so memory is a few blocks whatever V; the centred cosine follows from
+    the totals: sum_ij (A - mean A)(B - mean B) = <A, B> - V <mean A, mean B>.
+    """
+    n, sums = 0, torch.zeros(4, dtype=torch.float64)
+    col_a = col_b = None
+    for x, y in zip(a, b, strict=True):
+        x, y = x.float(), y.float()
+        n += len(x)
+        col_a = x.sum(0, dtype=torch.float64) + (0 if col_a is None else col_a)
+        col_b = y.sum(0, dtype=torch.float64) + (0 if col_b is None else col_b)
+        products = (x * y, x * x, y * y, (x - y) ** 2)
+        sums += torch.stack([p.sum(dtype=torch.float64) for p in products])
+    if col_a is None:
+        return Similarity(cosine=0.0, relative_difference=0.0)
+    ab = sums[0] - col_a @ col_b / n
+    aa, bb = sums[1] - col_a @ col_a / n, sums[2] - col_b @ col_b / n
+    cosine = float(ab / (aa * bb).sqrt()) if aa > 0 and bb > 0 else 0.0
+    relative = float(sums[3].sqrt() / sums[2].sqrt()) if sums[2] > 0 else float(sums[3] > 0)
+    return Similarity(cosine=cosine, relative_difference=relative)
+
+
 def difference_blocks(a: Checkpoint, name_a: str, b: Checkpoint, name_b: str) -> Iterator[torch.Tensor]:
     """Row blocks of a[name_a] - b[name_b], with b cast to a's dtype first."""
     for x, y in zip(a.blocks(name_a), b.blocks(name_b), strict=True):
@@ -154,7 +204,7 @@ def check_key_material(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Findi
         findings.append(Finding("high", "key material", "tensors named like key material", suspicious))
     for rel, meta in ckpt.metadata.items():
         if "openstamp" in json.dumps(meta).lower():
-            findings.append(Finding("medium", "openstamp metadata", f"{rel}'s metadata mentions OpenStamp"))
+            findings.append(Finding("info", "openstamp metadata", f"{rel}'s metadata mentions OpenStamp"))
     if key is not None:
         findings += _key_bytes(ckpt, key)
     return findings
@@ -167,9 +217,30 @@ def _text_file(ckpt: Checkpoint, file: Path) -> list[Finding]:
     rel = ckpt.rel(file)
     if file.suffix == ".json" and '"key_id"' in text and ('"prf_version"' in text or '"fingerprint"' in text):
         return [Finding("high", "key material", f"{rel} looks like an OpenStamp key header")]
-    if "openstamp" in text.lower():
-        return [Finding("medium", "openstamp mention", f"{rel} mentions OpenStamp")]
+    if "openstamp" in text.lower() and rel not in (CARD_FILE, DISCLOSURE_FILE):  # those: check_disclosure
+        return [Finding("info", "openstamp mention", f"{rel} mentions OpenStamp (a disclosure is fine)")]
     return []
+
+
+def check_disclosure(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
+    """The release's watermark.json holds the disclosure's fields and nothing else, for the given key."""
+    try:
+        disclosure = read_disclosure(ckpt.path)
+    except ValueError as err:
+        return [Finding("medium", "disclosure", f"{DISCLOSURE_FILE} is not a plain disclosure: {err}")]
+    if disclosure is None:
+        return [Finding("info", "disclosure", f"no {DISCLOSURE_FILE}: the release does not say it is watermarked")]
+    if key is not None and disclosure.key_id != key.key_id:
+        return [
+            Finding(
+                "medium",
+                "disclosure",
+                f"{DISCLOSURE_FILE} names key {disclosure.key_id}, not the given key {key.key_id}",
+            )
+        ]
+    card = " and the model card" if (ckpt.path / CARD_FILE).is_file() else ""
+    fields = [f"{k}: {v}" for k, v in disclosure.to_dict().items()]
+    return [Finding("info", "disclosure", f"{DISCLOSURE_FILE}{card} disclose the watermark, and only that", fields)]
 
 
 def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
@@ -186,6 +257,8 @@ def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
     }
     if key.projection is not None:
         patterns["the projection P"] = [key.projection.contiguous().numpy().tobytes()[:64]]
+    if getattr(key, "centring", None) is not None:
+        patterns["the centring c"] = [key.centring.contiguous().numpy().tobytes()[:64]]
     findings = []
     for file in ckpt.files:
         if file.stat().st_size == 0:
@@ -197,7 +270,7 @@ def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
     return findings
 
 
-def check_tied(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
+def check_tied(ckpt: Checkpoint, key: WatermarkKey | None, near_cosine: float = NEAR_COSINE) -> list[Finding]:
     head, embed = ckpt.head_name(), ckpt.embed_name()
     if head is None:
         retied = " (re-tied: the one tensor holds U~, no copy of U)" if key and tied_head_mode(key) == "retie" else ""
@@ -225,7 +298,76 @@ def check_tied(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
                 detail,
             )
         ]
+    near = similarity(ckpt.blocks(head), ckpt.blocks(embed))
+    detail.append(near.describe())
+    if near.cosine >= near_cosine:
+        return [
+            Finding(
+                "high",
+                "near copy",
+                f"lm_head and the input embeddings are near copies (cosine >= {near_cosine}): if the embeddings "
+                "are close to the original unembedding U, U~ - E is close to the offset dW and the watermark "
+                "can be subtracted; re-export with --tied-head retie or keep the embeddings apart from U",
+                detail,
+            )
+        ]
     return [Finding("info", "tied head", "lm_head and the input embeddings are separate and unrelated", detail)]
+
+
+def check_near_copies(
+    ckpt: Checkpoint,
+    key: WatermarkKey | None = None,
+    base: Checkpoint | None = None,
+    base_name: str = "",
+    near_cosine: float = NEAR_COSINE,
+) -> list[Finding]:
+    """High for a release matrix nearly parallel to U~, or to the original U.
+
+    References, each against every other release matrix of its shape: the released U~ (lm_head
+    against the input embeddings is :func:`check_tied`'s pair); with a key, U = U~ - dW; with a
+    base, the base's U (U~ against it is :func:`check_base`'s). A near copy of U is the leak that
+    matters, as U~ - X then holds dW; without key or base only U~ stands in for U, which works
+    while ||dW|| is small next to ||U||. Equal tensors (up to rounding) are the exact-copy checks'.
+    Pairs without U~ or U are not compared: the watermark lives in U~ alone.
+    """
+    ours = ckpt.unembedding()
+    if ours is None:
+        return []
+    shape, head_pair = ckpt.shape(ours), {ours, ckpt.embed_name() if ckpt.head_name() else None}
+    # (what, its row blocks, its shape, release tensors not to compare with it)
+    references = [("the released unembedding " + ours, lambda: ckpt.blocks(ours), shape, head_pair)]
+    if key is not None and shape == (key.vocab_size, key.hidden_size):
+        what = "the original unembedding U (U~ - dW, from the key)"
+        references.append((what, lambda: _minus_offset(ckpt, ours, key), shape, {ours}))
+    if base is not None:
+        base_u = {base.unembedding()}
+        if base.head_name() is None or base.config.get("tie_word_embeddings"):
+            base_u.add(base.embed_name())
+        for u in sorted(base_u - {None}):
+            references.append((f"{base_name}'s {u} (U)", lambda u=u: base.blocks(u), base.shape(u), {ours}))
+    findings = []
+    for what, blocks, like, skip in references:
+        for name in (n for n in sorted(ckpt.index) if n not in skip and ckpt.shape(n) == like):
+            near = similarity(ckpt.blocks(name), blocks())
+            if near.cosine >= near_cosine and near.relative_difference > EQUAL:
+                findings.append(
+                    Finding(
+                        "high",
+                        "near copy",
+                        f"{name} is a near copy of {what} (cosine >= {near_cosine}): their difference gives "
+                        "the watermark's offset dW away, or most of it",
+                        [near.describe()],
+                    )
+                )
+    return findings
+
+
+def _minus_offset(ckpt: Checkpoint, name: str, key: WatermarkKey) -> Iterator[torch.Tensor]:
+    """Row blocks of ckpt[name] - dW: the original unembedding, when ckpt[name] is U~."""
+    offset, start = key.delta_w(), 0
+    for block in ckpt.blocks(name):
+        yield block.float() - offset[start : start + len(block)]
+        start += len(block)
 
 
 def check_fingerprint(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
@@ -375,21 +517,29 @@ def audit(
     base: str | None = None,
     *,
     cache_dir: str | Path | None = None,
+    near_cosine: float = NEAR_COSINE,
 ) -> list[Finding]:
-    """Every finding about ``checkpoint``, most severe first."""
+    """Every finding about ``checkpoint``, most severe first.
 
+    ``near_cosine``: two matrices whose mean-centred cosine reaches it count as near copies.
+    """
+    if not 0 < near_cosine <= 1:
+        raise ValueError(f"near_cosine must be in (0, 1], not {near_cosine}")
     ckpt = Checkpoint(checkpoint)
     if not ckpt.index:
         raise ValueError(f"{checkpoint} holds no safetensors weights to audit")
     key = WatermarkKey.load(key_dir) if key_dir is not None else None
-    findings = check_key_material(ckpt, key) + check_tied(ckpt, key)
+    findings = check_key_material(ckpt, key) + check_disclosure(ckpt, key) + check_tied(ckpt, key, near_cosine)
     if key is not None:
         findings += check_fingerprint(ckpt, key)
+    base_ckpt = None
     if base is not None:
         path = Path(resolve_model_path(base, cache_dir))
         if not path.is_dir():
             raise ValueError(f"--base {base}: give a local checkpoint directory or a packaged alias")
-        findings += check_base(ckpt, Checkpoint(path), base)
+        base_ckpt = Checkpoint(path)
+        findings += check_base(ckpt, base_ckpt, base)
+    findings += check_near_copies(ckpt, key, base_ckpt, base or "", near_cosine)
     if any(f.suffix in (".bin", ".pt", ".pth", ".gguf") for f in ckpt.files):
         findings.append(Finding("info", "unchecked", "weights outside safetensors (.bin/.pt/.gguf) were not read"))
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

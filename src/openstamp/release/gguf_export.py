@@ -32,6 +32,7 @@ from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType
 from gguf import GGMLQuantizationType as T
 
 from openstamp.patch import is_tied
+from openstamp.release.card import Disclosure, read_disclosure
 from openstamp.release.gguf_quants import encode
 from openstamp.storage import check_can_write
 
@@ -172,16 +173,28 @@ def _metadata(writer: GGUFWriter, config, name: str, file_type: str) -> None:
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
+def _disclosure(writer: GGUFWriter, disclosure: Disclosure) -> None:
+    """The release's disclosure as ``openstamp.<field>`` keys (strings, uint32, float64)."""
+    for key, value in disclosure.gguf_metadata().items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float64(key, float(value))
+
+
 def write_gguf(
     model, tokenizer, model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False,
-    pre: str = "default",
+    pre: str = "default", disclosure: Disclosure | None = None,
 ) -> dict:  # fmt: skip
     """Write ``model`` (a loaded ``LlamaForCausalLM``) and its tokenizer to ``out`` atomically.
 
     ``model_dir`` supplies merges and special tokens (tokenizer.json, tokenizer_config.json).
     ``pre`` is ``tokenizer.ggml.pre``; llama.cpp picks it by hashing the tokenizer's output, and
-    ``default`` is its generic byte-level pre-tokenizer. Returns a record: path, bytes, seconds,
-    whether lm_head was tied, and how many tensors got each type.
+    ``default`` is its generic byte-level pre-tokenizer. A ``disclosure`` goes into the metadata
+    as ``openstamp.<field>``. Returns a record: path, bytes, seconds, whether lm_head was tied,
+    how many tensors got each type, and the disclosure written (or None).
     """
 
     if file_type not in FILE_TYPES:
@@ -199,6 +212,8 @@ def write_gguf(
         writer = GGUFWriter(tmp, "llama")
         _metadata(writer, config, Path(model_dir).name, file_type)
         _vocab(writer, Path(model_dir), tokenizer, config.vocab_size, pre)
+        if disclosure is not None:
+            _disclosure(writer, disclosure)
         for hf_name, tensor in state.items():
             name = gguf_name(hf_name)
             data = tensor.detach().to(torch.float32).cpu().numpy()
@@ -226,13 +241,19 @@ def write_gguf(
         "seconds": round(time.perf_counter() - start, 2),
         "tied": tied,
         "tensor_types": counts,
+        "disclosure": disclosure.to_dict() if disclosure is not None else None,
     }
 
 
 def export_gguf(
-    model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False, pre: str = "default"
-) -> dict:
-    """Load a Hugging Face checkpoint directory in float32 and write it as GGUF ``file_type``."""
+    model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False,
+    pre: str = "default", disclose: bool = True,
+) -> dict:  # fmt: skip
+    """Load a Hugging Face checkpoint directory in float32 and write it as GGUF ``file_type``.
+
+    With ``disclose`` (the default), the folder's watermark.json, when there is one, goes into
+    the file's metadata (``openstamp.method``, ``openstamp.key_id``, ...).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -242,6 +263,7 @@ def export_gguf(
         raise ValueError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     check_llama(AutoConfig.from_pretrained(model_dir))
     check_can_write(out, overwrite)
+    disclosure = read_disclosure(model_dir) if disclose else None
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return write_gguf(model, tokenizer, model_dir, out, file_type, overwrite, pre)
+    return write_gguf(model, tokenizer, model_dir, out, file_type, overwrite, pre, disclosure)
