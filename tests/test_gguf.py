@@ -8,7 +8,14 @@ import torch
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 from sklearn.metrics import roc_auc_score
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from typer.testing import CliRunner
 
 from openstamp.cli import app
@@ -165,13 +172,12 @@ def test_export_errors(stamped, tokenizer, tmp_path, monkeypatch):
         (["--model", str(tmp_path / "missing"), "--out", str(out)], "does not exist"),
         (["--model", str(model), "--out", str(out), "--quant", "q3_k"], "unknown GGUF type"),
     ]
-    qwen_dir = tmp_path / "qwen"
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
-    Qwen2ForCausalLM(config).save_pretrained(qwen_dir)
-    cases.append((["--model", str(qwen_dir), "--out", str(out)], "llama architecture only"))
+    shape = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    MistralForCausalLM(MistralConfig(**shape)).save_pretrained(tmp_path / "mistral")
+    cases.append((["--model", str(tmp_path / "mistral"), "--out", str(out)], "llama and qwen2 architectures only"))
+    Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=True, sliding_window=16)).save_pretrained(tmp_path / "swa")
+    cases.append((["--model", str(tmp_path / "swa"), "--out", str(out)], "sliding-window"))
     for args, message in cases:
         result = runner.invoke(app, ["export", "gguf", *args])
         assert result.exit_code == 2 and message in result.output, result.output
@@ -185,7 +191,7 @@ def test_export_errors(stamped, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_export, "encode", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
         export_gguf(model, out, "q8_0", overwrite=True)
-    assert out.read_bytes() == b"keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "qwen"]
+    assert out.read_bytes() == b"keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "mistral", "swa"]
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_k_m"])

@@ -14,11 +14,13 @@ export_app = typer.Typer(name="export", help="Export a checkpoint to another for
 @export_app.command()
 @friendly_errors
 def gguf(
-    model: Path = typer.Option(..., "--model", "-m", help="a Hugging Face checkpoint directory (Llama architecture)"),
+    model: Path = typer.Option(..., "--model", "-m", help="a Hugging Face checkpoint directory (Llama or Qwen2)"),
     out: Path = typer.Option(..., "--out", help="the .gguf file to write"),
     quant: str = typer.Option("q4_k_m", help="f32, f16, bf16, q8_0, q6_k, q4_0 or q4_k_m (llama-quantize's recipe)"),
-    pre: str = typer.Option(
-        "default", help="tokenizer.ggml.pre: llama.cpp's name for the pre-tokenizer (SmolLM2: smollm)"
+    pre: str | None = typer.Option(
+        None,
+        help="tokenizer.ggml.pre: llama.cpp's name for the pre-tokenizer (default: qwen2 for Qwen2's tokenizer, "
+        "else default; SmolLM2: smollm)",
     ),
     no_disclose: bool = typer.Option(
         False, "--no-disclose", help="leave the model folder's watermark.json out of the GGUF metadata (openstamp.*)"

@@ -14,8 +14,9 @@ Reads safetensors lazily (``safe_open``); never loads the model. Checks:
   any release tensor equal to the base's lm_head or input embeddings is a copy of U; and
   anything else that differs from the base (tensors, config keys, files);
 * near copies: a tensor that is not U~ but nearly parallel to it, or to the base's U, gives the
-  watermark away even when it is not equal (``U~ - E = dW + (U - E)``). See :func:`similarity`
-  and ``NEAR_COSINE``.
+  watermark away even when it is not equal (``U~ - E = dW + (U - E)``): :mod:`openstamp.release.near`.
+
+The checkpoint reader and the :class:`Finding` record are in :mod:`openstamp.release.checkpoint`.
 """
 
 from __future__ import annotations
@@ -25,101 +26,25 @@ import json
 import mmap
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from openstamp.key.key import WatermarkKey
 from openstamp.models import resolve_model_path
 from openstamp.monitor import thread_count
 from openstamp.patch import tensor_sha256, tied_head_mode
 from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, read_disclosure
+from openstamp.release.checkpoint import SEVERITIES, Checkpoint, Finding, difference_blocks
+from openstamp.release.near import NEAR_COSINE, check_near_copies, similarity
 
-SEVERITIES = ("high", "medium", "info")
+__all__ = ["NEAR_COSINE", "Checkpoint", "Finding", "audit", "check_near_copies", "similarity", "sketch_rank"]
+
 KEY_FILES = {"key.json", "key.safetensors", "secret"}
-HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
-EMBED_SUFFIXES = (
-    "embed_tokens.weight",
-    "wte.weight",
-    "word_embeddings.weight",
-    "embed_in.weight",
-    "tok_embeddings.weight",
-)
 KEY_TENSOR = re.compile(r"(^|\.)(selector|projection|centring)$|openstamp|watermark", re.IGNORECASE)
 TEXT_SUFFIXES = {".json", ".txt", ".md", ".jinja", ".yaml", ".yml", ".py", ".cfg"}
 IGNORED_CONFIG = {"transformers_version", "_name_or_path", "_model_name_or_path"}
 LOW_RANK = 0.75  # rank(lm_head - embeddings) <= this fraction of the width counts as low
-# Two matrices whose mean-centred cosine is >= this are near copies. A watermark is not a small
-# relative change: ||dW|| / ||U|| is 0.14 x delta on SmolLM2-135M (L = 16) and 0.6 x delta on the
-# tiny test Llama, so U~ and U have cosine about 1 / sqrt(1 + r^2): 0.96 to 0.64 for r = 0.28 to
-# 1.2, and any relative-difference threshold small enough to spare unrelated matrices would miss
-# them. Unrelated matrices have cosine near 0; 0.5 flags r up to 1.7. Cosine ignores scale and a
-# shared mean row, which a leak survives too: from X = cU + 1 m^T, U~ - (X - 1 m^T) / c = dW.
-NEAR_COSINE = 0.5
-EQUAL = 1e-5  # a relative difference below this is equality up to fp32 rounding (the exact-copy checks' case)
-
-
-@dataclass
-class Finding:
-    severity: str  # high, medium or info
-    check: str
-    message: str
-    details: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Checkpoint:
-    """A model directory: its files, config.json and an index of its safetensors tensors."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise NotADirectoryError(f"checkpoint {self.path} is not a directory")
-        self.files = sorted(p for p in self.path.rglob("*") if p.is_file())
-        config = self.path / "config.json"
-        self.config = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
-        self.index: dict[str, Path] = {}
-        self.metadata: dict[str, dict[str, str]] = {}
-        for file in (f for f in self.files if f.suffix == ".safetensors"):
-            try:
-                with safe_open(str(file), "pt") as handle:
-                    self.index.update(dict.fromkeys(handle.keys(), file))
-                    self.metadata[self.rel(file)] = handle.metadata() or {}
-            except SafetensorError as err:
-                raise ValueError(f"{file} is not a readable safetensors file: {err}") from err
-
-    def rel(self, file: Path) -> str:
-        return str(file.relative_to(self.path))
-
-    def tensor(self, name: str) -> torch.Tensor:
-        with safe_open(str(self.index[name]), "pt") as handle:
-            return handle.get_tensor(name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        with safe_open(str(self.index[name]), "pt") as handle:
-            return tuple(handle.get_slice(name).get_shape())
-
-    def blocks(self, name: str, rows: int = 8192) -> Iterator[torch.Tensor]:
-        """Row blocks of a 2-D tensor, read lazily."""
-        with safe_open(str(self.index[name]), "pt") as handle:
-            view = handle.get_slice(name)
-            for start in range(0, view.get_shape()[0], rows):
-                yield view[start : start + rows]
-
-    def head_name(self) -> str | None:
-        return next((n for n in HEAD_NAMES if n in self.index), None)
-
-    def embed_name(self) -> str | None:
-        return next((n for n in sorted(self.index, key=len) if n.endswith(EMBED_SUFFIXES)), None)
-
-    def unembedding(self) -> str | None:
-        """The tensor the logits come from: lm_head, or the input embeddings when tied."""
-        return self.head_name() or self.embed_name()
 
 
 def sketch_rank(blocks: Iterator[torch.Tensor], width: int, *, tol: float = 1e-3, seed: int = 0) -> int:
@@ -142,48 +67,6 @@ def sketch_rank(blocks: Iterator[torch.Tensor], width: int, *, tol: float = 1e-3
     if values[0] == 0:
         return 0
     return int((values > tol**2 * values[0]).sum())
-
-
-@dataclass(frozen=True)
-class Similarity:
-    """How close two same-shaped matrices A and B are."""
-
-    cosine: float  # of the mean-centred matrices (each minus its mean row), flattened
-    relative_difference: float  # ||A - B|| / ||B||, Frobenius
-
-    def describe(self) -> str:
-        return f"cosine {self.cosine:.3f}, relative difference {self.relative_difference:.3f}"
-
-
-def similarity(a: Iterator[torch.Tensor], b: Iterator[torch.Tensor]) -> Similarity:
-    """:class:`Similarity` of two (V, d) matrices given as matching row blocks, in one pass.
-
-    Each block is cast to float32 and summed into float64 totals (column sums, <A, B>, ||A||^2,
-    ||B||^2, ||A - B||^2), so memory is a few blocks whatever V; the centred cosine follows from
-    the totals: sum_ij (A - mean A)(B - mean B) = <A, B> - V <mean A, mean B>.
-    """
-    n, sums = 0, torch.zeros(4, dtype=torch.float64)
-    col_a = col_b = None
-    for x, y in zip(a, b, strict=True):
-        x, y = x.float(), y.float()
-        n += len(x)
-        col_a = x.sum(0, dtype=torch.float64) + (0 if col_a is None else col_a)
-        col_b = y.sum(0, dtype=torch.float64) + (0 if col_b is None else col_b)
-        products = (x * y, x * x, y * y, (x - y) ** 2)
-        sums += torch.stack([p.sum(dtype=torch.float64) for p in products])
-    if col_a is None:
-        return Similarity(cosine=0.0, relative_difference=0.0)
-    ab = sums[0] - col_a @ col_b / n
-    aa, bb = sums[1] - col_a @ col_a / n, sums[2] - col_b @ col_b / n
-    cosine = float(ab / (aa * bb).sqrt()) if aa > 0 and bb > 0 else 0.0
-    relative = float(sums[3].sqrt() / sums[2].sqrt()) if sums[2] > 0 else float(sums[3] > 0)
-    return Similarity(cosine=cosine, relative_difference=relative)
-
-
-def difference_blocks(a: Checkpoint, name_a: str, b: Checkpoint, name_b: str) -> Iterator[torch.Tensor]:
-    """Row blocks of a[name_a] - b[name_b], with b cast to a's dtype first."""
-    for x, y in zip(a.blocks(name_a), b.blocks(name_b), strict=True):
-        yield x.float() - y.to(x.dtype).float()
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -312,62 +195,6 @@ def check_tied(ckpt: Checkpoint, key: WatermarkKey | None, near_cosine: float = 
             )
         ]
     return [Finding("info", "tied head", "lm_head and the input embeddings are separate and unrelated", detail)]
-
-
-def check_near_copies(
-    ckpt: Checkpoint,
-    key: WatermarkKey | None = None,
-    base: Checkpoint | None = None,
-    base_name: str = "",
-    near_cosine: float = NEAR_COSINE,
-) -> list[Finding]:
-    """High for a release matrix nearly parallel to U~, or to the original U.
-
-    References, each against every other release matrix of its shape: the released U~ (lm_head
-    against the input embeddings is :func:`check_tied`'s pair); with a key, U = U~ - dW; with a
-    base, the base's U (U~ against it is :func:`check_base`'s). A near copy of U is the leak that
-    matters, as U~ - X then holds dW; without key or base only U~ stands in for U, which works
-    while ||dW|| is small next to ||U||. Equal tensors (up to rounding) are the exact-copy checks'.
-    Pairs without U~ or U are not compared: the watermark lives in U~ alone.
-    """
-    ours = ckpt.unembedding()
-    if ours is None:
-        return []
-    shape, head_pair = ckpt.shape(ours), {ours, ckpt.embed_name() if ckpt.head_name() else None}
-    # (what, its row blocks, its shape, release tensors not to compare with it)
-    references = [("the released unembedding " + ours, lambda: ckpt.blocks(ours), shape, head_pair)]
-    if key is not None and shape == (key.vocab_size, key.hidden_size):
-        what = "the original unembedding U (U~ - dW, from the key)"
-        references.append((what, lambda: _minus_offset(ckpt, ours, key), shape, {ours}))
-    if base is not None:
-        base_u = {base.unembedding()}
-        if base.head_name() is None or base.config.get("tie_word_embeddings"):
-            base_u.add(base.embed_name())
-        for u in sorted(base_u - {None}):
-            references.append((f"{base_name}'s {u} (U)", lambda u=u: base.blocks(u), base.shape(u), {ours}))
-    findings = []
-    for what, blocks, like, skip in references:
-        for name in (n for n in sorted(ckpt.index) if n not in skip and ckpt.shape(n) == like):
-            near = similarity(ckpt.blocks(name), blocks())
-            if near.cosine >= near_cosine and near.relative_difference > EQUAL:
-                findings.append(
-                    Finding(
-                        "high",
-                        "near copy",
-                        f"{name} is a near copy of {what} (cosine >= {near_cosine}): their difference gives "
-                        "the watermark's offset dW away, or most of it",
-                        [near.describe()],
-                    )
-                )
-    return findings
-
-
-def _minus_offset(ckpt: Checkpoint, name: str, key: WatermarkKey) -> Iterator[torch.Tensor]:
-    """Row blocks of ckpt[name] - dW: the original unembedding, when ckpt[name] is U~."""
-    offset, start = key.delta_w(), 0
-    for block in ckpt.blocks(name):
-        yield block.float() - offset[start : start + len(block)]
-        start += len(block)
 
 
 def check_fingerprint(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:

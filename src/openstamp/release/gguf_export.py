@@ -1,11 +1,14 @@
-"""Write a (watermarked) Llama-architecture Hugging Face checkpoint as a GGUF file.
+"""Write a (watermarked) Llama- or Qwen2-architecture Hugging Face checkpoint as a GGUF file.
 
-Tensor names, metadata and the Q/K row permutation follow llama.cpp's ``convert_hf_to_gguf.py``
-(``LlamaModel``); the per-tensor types follow ``llama_tensor_get_type`` of ``llama-quantize``
-(no importance matrix), so a ``q4_k_m`` file holds the codes llama.cpp itself would write:
+Tensor names and metadata follow llama.cpp's ``convert_hf_to_gguf.py``: ``LlamaModel`` permutes
+the Q/K rows (rotary halves interleaved) and writes ``llama.vocab_size``, the rope dimension and
+the key/value lengths; ``Qwen2Model`` writes the Q/K rows as they are, adds the attention biases
+(``blk.N.attn_{q,k,v}.bias``) and leaves those three keys to llama.cpp's defaults. The per-tensor
+types follow ``llama_tensor_get_type`` of ``llama-quantize`` (no importance matrix), the same for
+both architectures, so a ``q4_k_m`` file holds the codes llama.cpp itself would write:
 
-* 1-D tensors (norms) stay F32; every other weight gets the file type's base type (Q4_K for
-  ``q4_k_m``).
+* 1-D tensors (norms, biases) stay F32; every other weight gets the file type's base type (Q4_K
+  for ``q4_k_m``).
 * ``output.weight`` gets Q6_K in every quantized type except Q8_0 (``q8_0`` keeps Q8_0). A tied
   model has no ``output.weight``: the one shared matrix ``token_embd.weight`` (= ``U~``) is then
   the output tensor, so it gets the output's type. This is what llama.cpp does for tied models,
@@ -14,6 +17,9 @@ Tensor names, metadata and the Q/K row permutation follow llama.cpp's ``convert_
   ``use_more_bits(i, n) = i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2``.
 * A row length that the type's block size does not divide falls back as llama.cpp does:
   Q4_K -> Q5_0, Q6_K -> Q8_0, anything else -> F16 (SmolLM2-135M's 576 is not a multiple of 256).
+
+llama-quantize picks the ``use_more_bits`` layers of ``attn_v`` by counting tensors in file order;
+this writer stores layers in order, so the count is the layer index.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, SpecialVocab, TokenType
 from gguf import GGMLQuantizationType as T
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT
 
 from openstamp.patch import is_tied
 from openstamp.release.card import Disclosure, read_disclosure
@@ -66,7 +73,11 @@ LAYER_PARTS = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
-LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+BIASED_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")  # Qwen2's attention biases
+ARCHITECTURES = ("llama", "qwen2")
+# the split regex of a tokenizer -> its tokenizer.ggml.pre (llama.cpp's name for that pre-tokenizer)
+KNOWN_PRE = {QWEN2_SPLIT: "qwen2"}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -75,8 +86,10 @@ def gguf_name(hf_name: str) -> str:
         return HF_TO_GGUF[hf_name]
     match = LAYER_NAME.fullmatch(hf_name)
     if match is None or match.group(2) not in LAYER_PARTS:
-        raise ValueError(f"no GGUF name for tensor {hf_name} (only plain Llama checkpoints are supported)")
-    return f"blk.{match.group(1)}.{LAYER_PARTS[match.group(2)]}.weight"
+        raise ValueError(f"no GGUF name for tensor {hf_name} (only plain Llama and Qwen2 checkpoints are supported)")
+    if match.group(3) == "bias" and match.group(2) not in BIASED_PARTS:
+        raise ValueError(f"no GGUF name for tensor {hf_name} (only the q, k and v projections may have biases)")
+    return f"blk.{match.group(1)}.{LAYER_PARTS[match.group(2)]}.{match.group(3)}"
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -114,15 +127,33 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def check_llama(config) -> None:
-    """Raise ValueError unless ``config`` is a plain Llama that this exporter writes correctly."""
-    if config.model_type != "llama":
-        raise ValueError(f"GGUF export supports the llama architecture only, not {config.model_type!r}")
+def check_supported(config) -> None:
+    """Raise ValueError unless ``config`` is a plain Llama or Qwen2 that this exporter writes correctly."""
+    if config.model_type not in ARCHITECTURES:
+        raise ValueError(f"GGUF export supports the llama and qwen2 architectures only, not {config.model_type!r}")
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"GGUF export does not support rope scaling {rope.get('rope_type')!r}")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise ValueError("GGUF export does not support Llama checkpoints with biases")
+    if config.model_type == "llama":
+        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+            raise ValueError("GGUF export does not support Llama checkpoints with biases")
+        return
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError("GGUF export does not support Qwen2 checkpoints with sliding-window attention")
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is not None and head_dim != config.hidden_size // config.num_attention_heads:
+        raise ValueError(f"GGUF export does not support a Qwen2 head_dim ({head_dim}) other than hidden/heads")
+
+
+def guess_pre(tokenizer) -> str:
+    """``tokenizer.ggml.pre`` for a byte-level BPE tokenizer: ``qwen2`` when it splits text with
+    Qwen2's regex, else ``default`` (llama.cpp's generic GPT-2 split)."""
+    pre = json.loads(tokenizer.backend_tokenizer.to_str()).get("pre_tokenizer") or {}
+    for part in pre.get("pretokenizers", [pre]):
+        regex = (part.get("pattern") or {}).get("Regex") if part.get("type") == "Split" else None
+        if regex in KNOWN_PRE:
+            return KNOWN_PRE[regex]
+    return "default"
 
 
 def _vocab(writer: GGUFWriter, model_dir: Path, tokenizer, n_vocab: int, pre: str) -> None:
@@ -155,9 +186,11 @@ def _vocab(writer: GGUFWriter, model_dir: Path, tokenizer, n_vocab: int, pre: st
 def _metadata(writer: GGUFWriter, config, name: str, file_type: str) -> None:
     rope = getattr(config, "rope_parameters", None) or {}
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    llama = config.model_type == "llama"
     writer.add_type("model")
     writer.add_name(name)
-    writer.add_vocab_size(config.vocab_size)
+    if llama:
+        writer.add_vocab_size(config.vocab_size)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -166,9 +199,10 @@ def _metadata(writer: GGUFWriter, config, name: str, file_type: str) -> None:
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    if llama:  # Qwen2Model leaves these to llama.cpp, which derives them from the head count
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_file_type(FILE_TYPES[file_type][1])
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
@@ -186,13 +220,15 @@ def _disclosure(writer: GGUFWriter, disclosure: Disclosure) -> None:
 
 def write_gguf(
     model, tokenizer, model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False,
-    pre: str = "default", disclosure: Disclosure | None = None,
+    pre: str | None = None, disclosure: Disclosure | None = None,
 ) -> dict:  # fmt: skip
-    """Write ``model`` (a loaded ``LlamaForCausalLM``) and its tokenizer to ``out`` atomically.
+    """Write ``model`` (a loaded ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``) and its tokenizer to
+    ``out`` atomically.
 
     ``model_dir`` supplies merges and special tokens (tokenizer.json, tokenizer_config.json).
     ``pre`` is ``tokenizer.ggml.pre``; llama.cpp picks it by hashing the tokenizer's output, and
-    ``default`` is its generic byte-level pre-tokenizer. A ``disclosure`` goes into the metadata
+    ``default`` is its generic byte-level pre-tokenizer; None takes ``guess_pre(tokenizer)``
+    (``qwen2`` for Qwen2's split regex, else ``default``). A ``disclosure`` goes into the metadata
     as ``openstamp.<field>``. Returns a record: path, bytes, seconds, whether lm_head was tied,
     how many tensors got each type, and the disclosure written (or None).
     """
@@ -200,8 +236,14 @@ def write_gguf(
     if file_type not in FILE_TYPES:
         raise ValueError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     config = model.config
-    check_llama(config)
+    check_supported(config)
     out = check_can_write(out, overwrite)
+    guessed = guess_pre(tokenizer)
+    if pre is None:
+        pre = guessed
+    elif pre != guessed and guessed != "default":
+        log.warning("the tokenizer splits text like %r but tokenizer.ggml.pre is %r; llama.cpp will split "
+                    "differently (pass --pre %s)", guessed, pre, guessed)  # fmt: skip
     start = time.perf_counter()
     tied = is_tied(model)
     state = {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
@@ -209,7 +251,7 @@ def write_gguf(
     os.close(fd)
     counts: dict[str, int] = {}
     try:
-        writer = GGUFWriter(tmp, "llama")
+        writer = GGUFWriter(tmp, config.model_type)
         _metadata(writer, config, Path(model_dir).name, file_type)
         _vocab(writer, Path(model_dir), tokenizer, config.vocab_size, pre)
         if disclosure is not None:
@@ -217,9 +259,9 @@ def write_gguf(
         for hf_name, tensor in state.items():
             name = gguf_name(hf_name)
             data = tensor.detach().to(torch.float32).cpu().numpy()
-            if name.endswith("attn_q.weight"):
+            if config.model_type == "llama" and name.endswith("attn_q.weight"):
                 data = _permute(data, config.num_attention_heads)
-            elif name.endswith("attn_k.weight"):
+            elif config.model_type == "llama" and name.endswith("attn_k.weight"):
                 data = _permute(data, config.num_key_value_heads)
             kind = tensor_type(name, data.shape, file_type, config.num_hidden_layers, not tied)
             counts[kind.name] = counts.get(kind.name, 0) + 1
@@ -240,6 +282,8 @@ def write_gguf(
         "bytes": out.stat().st_size,
         "seconds": round(time.perf_counter() - start, 2),
         "tied": tied,
+        "architecture": config.model_type,
+        "pre": pre,
         "tensor_types": counts,
         "disclosure": disclosure.to_dict() if disclosure is not None else None,
     }
@@ -247,9 +291,10 @@ def write_gguf(
 
 def export_gguf(
     model_dir: str | os.PathLike, out: str | os.PathLike, file_type: str, overwrite: bool = False,
-    pre: str = "default", disclose: bool = True,
+    pre: str | None = None, disclose: bool = True,
 ) -> dict:  # fmt: skip
-    """Load a Hugging Face checkpoint directory in float32 and write it as GGUF ``file_type``.
+    """Load a Hugging Face checkpoint directory (Llama or Qwen2) in float32 and write it as GGUF
+    ``file_type``; ``pre`` as in ``write_gguf``.
 
     With ``disclose`` (the default), the folder's watermark.json, when there is one, goes into
     the file's metadata (``openstamp.method``, ``openstamp.key_id``, ...).
@@ -261,7 +306,7 @@ def export_gguf(
         raise FileNotFoundError(f"{model_dir} is not a model directory (no config.json)")
     if file_type not in FILE_TYPES:
         raise ValueError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
-    check_llama(AutoConfig.from_pretrained(model_dir))
+    check_supported(AutoConfig.from_pretrained(model_dir))
     check_can_write(out, overwrite)
     disclosure = read_disclosure(model_dir) if disclose else None
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

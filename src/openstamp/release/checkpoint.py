@@ -1,0 +1,89 @@
+"""A checkpoint directory as the release audit reads it (lazily, never loading the model), and the
+:class:`Finding` each audit check returns."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+SEVERITIES = ("high", "medium", "info")
+HEAD_NAMES = ("lm_head.weight", "embed_out.weight", "output.weight")
+EMBED_SUFFIXES = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "tok_embeddings.weight",
+)
+
+
+@dataclass
+class Finding:
+    severity: str  # high, medium or info
+    check: str
+    message: str
+    details: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Checkpoint:
+    """A model directory: its files, config.json and an index of its safetensors tensors."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise NotADirectoryError(f"checkpoint {self.path} is not a directory")
+        self.files = sorted(p for p in self.path.rglob("*") if p.is_file())
+        config = self.path / "config.json"
+        self.config = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+        self.index: dict[str, Path] = {}
+        self.metadata: dict[str, dict[str, str]] = {}
+        for file in (f for f in self.files if f.suffix == ".safetensors"):
+            try:
+                with safe_open(str(file), "pt") as handle:
+                    self.index.update(dict.fromkeys(handle.keys(), file))
+                    self.metadata[self.rel(file)] = handle.metadata() or {}
+            except SafetensorError as err:
+                raise ValueError(f"{file} is not a readable safetensors file: {err}") from err
+
+    def rel(self, file: Path) -> str:
+        return str(file.relative_to(self.path))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        with safe_open(str(self.index[name]), "pt") as handle:
+            return handle.get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        with safe_open(str(self.index[name]), "pt") as handle:
+            return tuple(handle.get_slice(name).get_shape())
+
+    def blocks(self, name: str, rows: int = 8192) -> Iterator[torch.Tensor]:
+        """Row blocks of a 2-D tensor, read lazily."""
+        with safe_open(str(self.index[name]), "pt") as handle:
+            view = handle.get_slice(name)
+            for start in range(0, view.get_shape()[0], rows):
+                yield view[start : start + rows]
+
+    def head_name(self) -> str | None:
+        return next((n for n in HEAD_NAMES if n in self.index), None)
+
+    def embed_name(self) -> str | None:
+        return next((n for n in sorted(self.index, key=len) if n.endswith(EMBED_SUFFIXES)), None)
+
+    def unembedding(self) -> str | None:
+        """The tensor the logits come from: lm_head, or the input embeddings when tied."""
+        return self.head_name() or self.embed_name()
+
+
+def difference_blocks(a: Checkpoint, name_a: str, b: Checkpoint, name_b: str) -> Iterator[torch.Tensor]:
+    """Row blocks of a[name_a] - b[name_b], with b cast to a's dtype first."""
+    for x, y in zip(a.blocks(name_a), b.blocks(name_b), strict=True):
+        yield x.float() - y.to(x.dtype).float()
