@@ -286,3 +286,22 @@ def test_api_keys_and_bind_rules(monkeypatch):
             check_bind(host, no_auth=True, public_ok=False)
         check_bind(host, no_auth=True, public_ok=True)
         check_bind(host, no_auth=False, public_ok=False)
+
+
+def test_client_sends_conversations_in_chunks_with_their_options():
+    bodies = []
+
+    def handler(request):
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json={**INFO, "limits": {"max_texts": 2}})
+        body = json.loads(request.content)
+        bodies.append(body)
+        data = answer(["x" * len(m) for m in body["messages"]])
+        return httpx.Response(200, json={**data, "key_id": None, "key_ids": ["k1", "k2"]})
+
+    chats = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]] * 3
+    client = mock_client(handler)
+    results = client.detect_messages(chats, drop_reasoning=True)
+    assert len(results) == 3 and [len(b["messages"]) for b in bodies] == [2, 1]
+    assert all(b["drop_reasoning"] and not b["drop_system"] and "texts" not in b for b in bodies)
+    assert client.key_ids == ["k1", "k2"] and client.key_id is None

@@ -1,5 +1,6 @@
 """The HTTP service through FastAPI's TestClient: auth, limits, bad input, batching, no leaks."""
 
+import copy
 import json
 import shutil
 import threading
@@ -293,3 +294,48 @@ def test_the_app_can_be_started_twice(detector):
     for _ in range(2):
         with TestClient(app) as client:
             assert post(client, {"texts": [TEXT]}).status_code == 200
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+
+
+def test_conversations_score_like_the_librarys_detect_messages(detector):
+    chat_detector = Detector(detector.model, copy.deepcopy(detector.tokenizer), detector.key, detector.config)
+    chat_detector.tokenizer.chat_template = CHAT_TEMPLATE
+    messages = [[{"role": "user", "content": "Tell me about parks."}, {"role": "assistant", "content": TEXT}]]
+    with TestClient(make_app(chat_detector)) as client:
+        response = post(client, {"messages": messages, "drop_system": True})
+        assert response.status_code == 200, response.text
+        expected = chat_detector.detect_messages(messages, drop_system=True)[0].to_dict()
+        assert response.json()["results"] == [{"index": 0, **expected}]
+        assert post(client, {"texts": [TEXT], "messages": messages}).status_code == 422
+        assert post(client, {"messages": [[{"role": "robot", "content": "x"}]]}).status_code == 422
+    plain = make_app(detector)  # no chat template: a clear 400
+    with TestClient(plain) as client:
+        response = post(client, {"messages": messages})
+        assert response.status_code == 400 and "chat template" in response.text
+
+
+def test_a_service_with_several_keys_lists_them_and_names_the_best(
+    detector, release, tiny_model_dir, corpus_file, tiny_config
+):
+    from openstamp.corpus import load_documents
+    from openstamp.detect import MultiKeyDetector
+    from openstamp.key.key import WatermarkKey
+    from openstamp.models import load_model
+    from openstamp.patch import apply_watermark
+    from openstamp.watermark import build_key
+
+    original = WatermarkKey.load(release / "key")
+    base, tok = load_model(str(tiny_model_dir))  # the original model both keys were built on
+    other = build_key(base, tok, load_documents(str(corpus_file)), tiny_config, progress=False)
+    apply_watermark(copy.deepcopy(base), other)
+    multi = MultiKeyDetector([Detector(base, tok, k, detector.config) for k in (original, other)])
+    with TestClient(make_app(multi)) as client:
+        info = client.get("/v1/info", headers=AUTH).json()
+        body = post(client, {"texts": [TEXT]}).json()
+    assert info["key_ids"] == [original.key_id, other.key_id] and info["key_id"] is None
+    assert body["key_ids"] == info["key_ids"] and body["key_id"] is None
+    result = body["results"][0]
+    assert result["best_key"] in info["key_ids"] and set(result["p_values_by_key"]) == set(info["key_ids"])
+    assert result["p_value"] == min(result["p_values_by_key"].values())

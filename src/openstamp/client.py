@@ -4,6 +4,7 @@
 
     with DetectionClient("http://127.0.0.1:8080", token) as client:
         results = client.detect(["some text", "another"])   # list[DetectionResult]
+        chats = client.detect_messages([[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "..."}]])
 
 Requests are split to fit the server's limits, and retried with exponential backoff
 (honouring Retry-After) when the server is busy (429), shutting down (503) or unreachable
@@ -63,7 +64,8 @@ class DetectionClient:
         self.retries, self.backoff = retries, backoff
         self.http = http or httpx.Client(timeout=timeout)
         self.http.headers.update(headers)
-        self.key_id: str | None = None
+        self.key_id: str | None = None  # the key of the last response (None when the service holds several)
+        self.key_ids: list[str] | None = None
         self._limits: dict[str, int] | None = None
 
     def __enter__(self) -> DetectionClient:
@@ -97,35 +99,53 @@ class DetectionClient:
         prompts = list(prompts) if prompts is not None else [None] * len(texts)
         if len(prompts) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(prompts)} prompts")
-        if self._limits is None:
-            self._limits = self.info()["limits"]
-        step = max(1, self._limits.get("max_texts", len(texts) or 1))
-        results: list[DetectionResult] = []
-        for start in range(0, len(texts), step):
-            chunk = slice(start, start + step)
-            results += self._detect(list(texts[chunk]), prompts[chunk], token_scores)
-        return results
+
+        def body(idx: range) -> dict[str, Any]:
+            data: dict[str, Any] = {"texts": [texts[i] for i in idx], "token_scores": token_scores}
+            if any(prompts[i] is not None for i in idx):
+                data["prompts"] = [prompts[i] for i in idx]
+            return data
+
+        return self._chunks(len(texts), body)
+
+    def detect_messages(
+        self,
+        conversations: list[list[dict]],
+        *,
+        drop_system: bool = False,
+        drop_reasoning: bool = False,
+        token_scores: bool = False,
+    ) -> list[DetectionResult]:
+        """Score the assistant turns of each conversation ({role, content} messages); one result each."""
+        options = {"drop_system": drop_system, "drop_reasoning": drop_reasoning, "token_scores": token_scores}
+        return self._chunks(len(conversations), lambda idx: {"messages": [conversations[i] for i in idx], **options})
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _detect(self, texts: list[str], prompts: list[str | None], token_scores: bool) -> list[DetectionResult]:
+    def _chunks(self, n: int, body) -> list[DetectionResult]:
+        """Results of ``n`` items in requests of at most the server's ``max_texts`` (``body``: range -> JSON)."""
+        if self._limits is None:
+            self._limits = self.info()["limits"]
+        step = max(1, self._limits.get("max_texts", n or 1))
+        results: list[DetectionResult] = []
+        for start in range(0, n, step):
+            results += self._detect(range(start, min(start + step, n)), body)
+        return results
+
+    def _detect(self, idx: range, body) -> list[DetectionResult]:
         """One request; split in halves when the server finds it too large (413)."""
-        body: dict[str, Any] = {"texts": texts, "token_scores": token_scores}
-        if any(p is not None for p in prompts):
-            body["prompts"] = prompts
         try:
-            data = self._request("POST", "/v1/detect", json=body)
+            data = self._request("POST", "/v1/detect", json=body(idx))
         except ServiceError as err:
-            if err.status != 413 or len(texts) < 2:
+            if err.status != 413 or len(idx) < 2:
                 raise
-            half = len(texts) // 2
-            return self._detect(texts[:half], prompts[:half], token_scores) + self._detect(
-                texts[half:], prompts[half:], token_scores
-            )
-        self.key_id = data["key_id"]
+            half = len(idx) // 2
+            return self._detect(idx[:half], body) + self._detect(idx[half:], body)
+        self.key_id = data.get("key_id")
+        self.key_ids = data.get("key_ids") or [self.key_id]
         items = sorted(data["results"], key=lambda item: item["index"])
-        if [item["index"] for item in items] != list(range(len(texts))):
-            raise ServiceError(f"the server returned {len(items)} results for {len(texts)} texts")
+        if [item["index"] for item in items] != list(range(len(idx))):
+            raise ServiceError(f"the server returned {len(items)} results for {len(idx)} texts")
         return [DetectionResult(**{k: v for k, v in item.items() if k in RESULT_FIELDS}) for item in items]
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:

@@ -16,6 +16,7 @@ from openstamp.cli.common import (
     DtypeOption,
     console,
     friendly_errors,
+    numbers,
     setup_logging,
 )
 
@@ -27,6 +28,11 @@ def calibrate(
     corpus: str = typer.Option("wikipedia,news", help="comma-separated reference corpora (held-out parts are used)"),
     n: int = typer.Option(1000, help="reference texts"),
     length: int = typer.Option(200, help="tokens per reference text"),
+    lengths: str | None = typer.Option(
+        None,
+        help="comma-separated lengths (e.g. 32,64,128,200): also store thresholds and measured FPRs "
+        "(Clopper-Pearson intervals) per length; results then name each text's length band",
+    ),
     fpr: str = typer.Option("0.001,0.01,0.05", help="comma-separated target false-positive rates"),
     report: Path | None = typer.Option(None, help="directory for calibration.json and the QQ plot"),
     store: bool = typer.Option(True, help="store the thresholds in the key's metadata"),
@@ -37,21 +43,37 @@ def calibrate(
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
     """Score held-out human text, store LLR thresholds for target false-positive rates, check the p-values."""
+    import numpy as np
+
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
-    from openstamp.detect.calibrate import calibration_record, reference_texts, store_calibration
+    from openstamp.detect.calibrate import calibration_record, length_record, reference_texts, store_calibration
     from openstamp.plots import qq_plot
     from openstamp.storage import atomic_write_json
     from openstamp.watermark import versions
 
     setup_logging(quiet)
     alphas = [float(a) for a in fpr.split(",")]
-    config = DetectConfig(batch_size=batch_size, n_permutations=max(999, int(1 / min(alphas))))
+    by_length = sorted(set(numbers(lengths, "lengths", int))) if lengths else []
+    if by_length and by_length[0] < 2:
+        raise ValueError("--lengths must be at least 2 tokens")
+    config = DetectConfig(
+        batch_size=batch_size,
+        n_permutations=max(999, int(1 / min(alphas))),
+        min_tokens=max(1, min([16, *(L // 2 for L in by_length)])),
+    )
     detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
     exclude = {d["sha256"] for d in detector.key.meta.get("corpus", {}).get("documents", [])}
     corpora = [c.strip() for c in corpus.split(",") if c.strip()]
     texts = reference_texts(detector.tokenizer, corpora, n, length, exclude)
     results = detector.detect(texts, progress=not quiet)
+    per_length = {}
+    for L in by_length:  # without a BOS the first token is not scored: windows one longer score L tokens
+        window = L + (0 if detector.bos else 1)
+        scored = detector.detect(reference_texts(detector.tokenizer, corpora, n, window, exclude), progress=not quiet)
+        ok = [r for r in scored if r.status == "ok"]
+        p = np.array([r.p_value for r in ok if r.p_value is not None])
+        per_length[str(L)] = length_record(np.array([r.score for r in ok]), p, alphas)
     reference = {
         "corpora": corpora,
         "part": "heldout",
@@ -64,6 +86,8 @@ def calibrate(
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     record, p_values = calibration_record(results, alphas, reference)
+    if per_length:
+        record["by_length"] = per_length
     if store:
         store_calibration(key, record)
     if report is not None:
@@ -88,5 +112,30 @@ def calibrate(
         f"raw LLR on null text: mean {record['llr_null_mean']:+.3f}, sd {record['llr_null_sd']:.3f}; "
         f"KS test of p-values against uniform: p = {record.get('p_value_ks_uniform', float('nan')):.3g}"
     )
+    if per_length:
+        console.print(length_table(per_length, alphas))
     if store:
         console.print(f"thresholds stored in {key / 'key.json'}; use them with `openstamp detect --calibrated`")
+
+
+def length_table(per_length: dict, alphas: list[float]) -> Table:
+    """Per length and target FPR: the threshold and the measured FPRs with 95% Clopper-Pearson intervals."""
+    table = Table(title="per-length calibration (measured FPR, 95% Clopper-Pearson interval)")
+    for column in ("length", "texts", "target FPR", "LLR threshold", "FPR of the threshold", "FPR of p <= target"):
+        table.add_column(column)
+
+    def cell(rate: dict | None) -> str:
+        return "" if rate is None else f"{rate['rate']:.4f} [{rate['low']:.4f}, {rate['high']:.4f}]"
+
+    for L, rec in per_length.items():
+        for a in alphas:
+            name = f"{a:g}"
+            table.add_row(
+                L,
+                str(rec["n_texts"]),
+                name,
+                f"{rec['llr_thresholds'][name]:+.4f}",
+                cell(rec.get("llr_threshold_fpr", {}).get(name)),
+                cell(rec.get("p_value_fpr", {}).get(name)),
+            )
+    return table

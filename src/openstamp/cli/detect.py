@@ -59,11 +59,38 @@ def read_inputs(path: Path | None, texts: list[str] | None) -> tuple[list[str], 
     return out_texts, prompts, ids
 
 
+def read_messages(path: Path) -> tuple[list[list[dict]], list]:
+    """Conversations and ids from a .jsonl file, one {"messages": [{role, content}, ...], "id"?} per line."""
+    from openstamp.detect.chat import check_messages
+
+    if not path.is_file():
+        raise FileNotFoundError(f"messages file {path} does not exist")
+    conversations, ids = [], []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not valid JSON: {err}") from err
+        if not isinstance(record, dict) or "messages" not in record:
+            raise ValueError(f"{path}:{n} needs a field 'messages' (a list of {{role, content}})")
+        try:
+            check_messages(record["messages"])
+        except ValueError as err:
+            raise ValueError(f"{path}:{n}: {err}") from None
+        conversations.append(record["messages"])
+        ids.append(record.get("id", n - 1))
+    return conversations, ids
+
+
 @friendly_errors
 def detect(
     input: Path | None = typer.Argument(None, help=".txt (one text per line), .jsonl (text, optional prompt/id) or -"),
     model: str | None = typer.Option(None, "--model", "-m", help="the watermarked checkpoint (or the original model)"),
-    key: Path | None = typer.Option(None, "--key", "-k", help="the private key directory"),
+    key: list[Path] | None = typer.Option(
+        None, "--key", "-k", help="the private key directory; repeat it to score against several keys (Holm-corrected)"
+    ),
     server: str | None = typer.Option(
         None, help="score with a detection service (openstamp serve) at this URL instead of --model/--key"
     ),
@@ -71,6 +98,11 @@ def detect(
         None, envvar="OPENSTAMP_API_TOKEN", show_default=False, help="the service's API key"
     ),
     text: list[str] | None = typer.Option(None, "--text", help="a text to score (repeatable)"),
+    messages: Path | None = typer.Option(
+        None, help='.jsonl of conversations, {"messages": [{role, content}, ...]} a line: scores the assistant turns'
+    ),
+    drop_system: bool = typer.Option(False, help="--messages: leave system messages out of the context"),
+    drop_reasoning: bool = typer.Option(False, help="--messages: strip <think>...</think> from assistant turns"),
     output: Path | None = typer.Option(None, "--output", "-o", help="write JSON lines here instead of stdout"),
     fpr: float = typer.Option(0.01, help="false-positive rate of the decision"),
     threshold: float | None = typer.Option(None, help="flag when the mean LLR exceeds this instead"),
@@ -101,8 +133,8 @@ def detect(
 ) -> None:
     """Score texts for the watermark of KEY in MODEL, or with a detection service (--server)."""
     from openstamp.config import DetectConfig
-    from openstamp.detect import Detector
     from openstamp.detect.html import render
+    from openstamp.detect.multikey import load_detector
     from openstamp.storage import atomic_write_text
 
     setup_logging(quiet=True)
@@ -132,14 +164,16 @@ def detect(
             "--output": output,
             "--html": html,
             "--token-scores": token_scores,
+            "--messages": messages,
+            "several --key": key and len(key) > 1,
         }
         if given := [name for name, value in conflicts.items() if value]:
             raise ValueError(f"{', '.join(given)}: not available with --engine ray")
         if engine != "ray":
             raise ValueError("--out is for --engine ray; use --output for a single file")
-        if input is None or out_dir is None or model is None or key is None:
+        if input is None or out_dir is None or model is None or not key:
             raise ValueError("--engine ray needs an input file or folder of shards, --out, --model and --key")
-        run_ray(input, out_dir, model, str(key), config, workers, out_format, dtype, device, ray_address, quiet)
+        run_ray(input, out_dir, model, str(key[0]), config, workers, out_format, dtype, device, ray_address, quiet)
         return
     if server is not None:
         local = {
@@ -155,20 +189,36 @@ def detect(
         }
         if given := [name for name, value in local.items() if value]:
             raise ValueError(f"{', '.join(given)}: the server decides these (see its /v1/info); drop them")
-    elif model is None or key is None:
+    elif model is None or not key:
         raise ValueError("give --model and --key to detect locally, or --server URL to use a detection service")
-    texts, prompts, ids = read_inputs(input, text)
+    if messages is not None and (input is not None or text):
+        raise ValueError("give texts (a file or --text) or --messages, not both")
+    if messages is None and (drop_system or drop_reasoning):
+        raise ValueError("--drop-system and --drop-reasoning apply to --messages")
+    if messages is not None:
+        conversations, ids = read_messages(messages)
+    else:
+        texts, prompts, ids = read_inputs(input, text)
+    chat = {"drop_system": drop_system, "drop_reasoning": drop_reasoning}
     want_tokens = token_scores or html is not None
+    progress = not quiet and len(ids) > 8
     if server is not None:
         from openstamp.client import DetectionClient
 
         with DetectionClient(server, token) as client:
-            results = client.detect(texts, prompts, token_scores=want_tokens)
-            key_id = client.key_id or client.info()["key_id"]
+            if messages is not None:
+                results = client.detect_messages(conversations, **chat, token_scores=want_tokens)
+            else:
+                results = client.detect(texts, prompts, token_scores=want_tokens)
+            info = client.info()
+            key_id = ", ".join(info.get("key_ids") or [info["key_id"]])
     else:
-        detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
-        results = detector.detect(texts, prompts, token_scores=want_tokens, progress=not quiet and len(texts) > 8)
-        key_id = detector.key.key_id
+        detector = load_detector(model, [str(k) for k in key], config, dtype=dtype, device=device, cache_dir=cache_dir)
+        if messages is not None:
+            results = detector.detect_messages(conversations, **chat, token_scores=want_tokens, progress=progress)
+        else:
+            results = detector.detect(texts, prompts, token_scores=want_tokens, progress=progress)
+        key_id = ", ".join(detector.key_ids)
     records = []
     for i, result in zip(ids, results, strict=True):
         record = {"id": i, **result.to_dict()}
@@ -218,13 +268,16 @@ def run_ray(source, out_dir, model, key, config, workers, fmt, dtype, device, ad
 
 def print_table(records: list[dict]) -> None:
     table = Table(title="OpenStamp detection")
-    for column in ("id", "status", "tokens", "mean LLR", "p-value", "watermarked?"):
-        table.add_column(column)
+    extra = [c for c in ("length_band", "best_key") if any(c in r for r in records)]
+    for column in ("id", "status", "tokens", "mean LLR", "p-value", "watermarked?", *extra):
+        table.add_column(column.replace("_", " "))
     for r in records:
         score = "" if r["score"] is None else f"{r['score']:+.3f}"
         p = "" if r["p_value"] is None else f"{r['p_value']:.3g}"
         flag = {True: "[bold green]yes[/]", False: "no", None: "-"}[r["decision"]]
-        table.add_row(str(r["id"]), r["status"], str(r["n_tokens"]), score, p, flag)
+        table.add_row(
+            str(r["id"]), r["status"], str(r["n_tokens"]), score, p, flag, *(str(r.get(c, "")) for c in extra)
+        )
     out.print(table)
     if records and records[0].get("rule"):
         out.print(f"decision rule: {records[-1]['rule']}")

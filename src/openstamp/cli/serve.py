@@ -1,4 +1,4 @@
-"""openstamp serve: run the detection API for one model and its private key."""
+"""openstamp serve: run the detection API for one model and its private key (or several keys)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,13 @@ from openstamp.cli.common import (
 @friendly_errors
 def serve(
     model: str = typer.Option(..., "--model", "-m", help="the watermarked checkpoint (or the original model)"),
-    key: Path = typer.Option(..., "--key", "-k", help="the private key directory (stays on this machine)"),
+    key: list[Path] = typer.Option(
+        ...,
+        "--key",
+        "-k",
+        help="the private key directory (stays on this machine); repeat it to serve several keys of this model "
+        "(Holm-adjusted p-values, best_key; give the original model when the keys are of different releases)",
+    ),
     host: str = typer.Option("127.0.0.1", help="address to bind"),
     port: int = typer.Option(8080, help="port to bind"),
     api_keys: Path | None = typer.Option(
@@ -86,12 +92,13 @@ def serve(
     run(app, host, port, max_connections)
 
 
-def build_app(model: str, key: Path, config, service, keys, **load):
-    """Load the detector and wrap it in the service (split out so tests can skip uvicorn)."""
-    from openstamp.detect import Detector
+def build_app(model: str, key: Path | list[Path], config, service, keys, **load):
+    """Load the detector (one key or several) and wrap it in the service (split out so tests can skip uvicorn)."""
+    from openstamp.detect.multikey import load_detector
     from openstamp.service import create_app
 
-    detector = Detector.from_pretrained(model, str(key), config, **load)
+    paths = [key] if isinstance(key, (str, Path)) else list(key)
+    detector = load_detector(model, [str(k) for k in paths], config, **load)
     return create_app(detector, service, keys, model_name=model)
 
 

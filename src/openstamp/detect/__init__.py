@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["DetectionResult", "Detector"]
+_EXPORTS = {
+    "Chat": "openstamp.detect.chat",
+    "DetectionResult": "openstamp.detect.result",
+    "Detector": "openstamp.detect.detector",
+    "MultiKeyDetector": "openstamp.detect.multikey",
+    "WatermarkDetector": "openstamp.detect.hf",
+    "holm": "openstamp.detect.multikey",
+    "load_detector": "openstamp.detect.multikey",
+    "render_chat": "openstamp.detect.chat",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:  # lazy, so the result type is importable without torch
-    if name == "Detector":
-        from openstamp.detect.detector import Detector
-
-        return Detector
-    if name == "DetectionResult":
-        from openstamp.detect.result import DetectionResult
-
-        return DetectionResult
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'openstamp.detect' has no attribute {name!r}")

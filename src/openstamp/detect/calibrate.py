@@ -10,6 +10,11 @@ Two ways to turn a score into a decision, with different assumptions:
 ``openstamp calibrate`` scores held-out reference text, stores LLR thresholds for target
 false-positive rates in the key, and reports how the p-values behave on that text (its QQ
 plot is drawn by ``openstamp.plots.qq_plot``).
+
+With ``--lengths`` it also stores, per text length, the thresholds and the measured
+false-positive rates with Clopper-Pearson intervals (``by_length``); a text of n scored tokens
+then falls in the band of the longest calibrated length <= n, whose threshold is conservative
+for it (the null spread of the mean LLR shrinks with length).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 
 from openstamp.corpus import load_documents, split_documents
 from openstamp.key.key import WatermarkKey
-from openstamp.stats import threshold_at_fpr
+from openstamp.stats import clopper_pearson, threshold_at_fpr
 from openstamp.storage import atomic_write_json, read_json
 from openstamp.text import encode
 
@@ -40,15 +45,62 @@ def observed_rates(p_values: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, flo
     return {f"{alpha:g}": float(np.mean(p <= alpha)) for alpha in alphas}
 
 
-def calibrated_threshold(key: WatermarkKey, alpha: float) -> float:
-    """The key's calibrated LLR threshold for ``alpha``."""
+def calibrated_threshold(key: WatermarkKey, alpha: float, n_tokens: int | None = None) -> float:
+    """The key's calibrated LLR threshold for ``alpha``; with ``n_tokens``, that of the text's length band
+    when the key holds per-length calibration (below the shortest length: the shortest length's)."""
     record = key.meta.get("calibration")
     if not record:
         raise ValueError("this key has not been calibrated; run `openstamp calibrate` first or use p-values")
     thresholds = record["llr_thresholds"]
+    by_length = record.get("by_length") or {}
+    if n_tokens is not None and by_length:
+        lengths = sorted(map(int, by_length))
+        band = max([L for L in lengths if L <= n_tokens], default=lengths[0])
+        thresholds = by_length[str(band)]["llr_thresholds"]
     if f"{alpha:g}" not in thresholds:
         raise ValueError(f"the key was calibrated for alpha in {sorted(thresholds)}, not {alpha:g}")
     return float(thresholds[f"{alpha:g}"])
+
+
+def length_band(key: WatermarkKey, n_tokens: int) -> str | None:
+    """The calibrated length band of a text of ``n_tokens`` scored tokens ("64-127", "200+", "<32"),
+    or None when the key holds no per-length calibration."""
+    by_length = (key.meta.get("calibration") or {}).get("by_length") or {}
+    if not by_length:
+        return None
+    lengths = sorted(map(int, by_length))
+    if n_tokens < lengths[0]:
+        return f"<{lengths[0]}"
+    i = max(j for j, L in enumerate(lengths) if L <= n_tokens)
+    return f"{lengths[i]}+" if i == len(lengths) - 1 else f"{lengths[i]}-{lengths[i + 1] - 1}"
+
+
+def rate(hits: int, n: int, level: float = 0.95) -> dict[str, float]:
+    """A measured rate with its Clopper-Pearson interval."""
+    low, high = clopper_pearson(hits, n, level)
+    return {"rate": hits / n if n else float("nan"), "hits": hits, "n": n, "low": low, "high": high, "level": level}
+
+
+def length_record(scores: np.ndarray, p_values: np.ndarray | None, alphas=DEFAULT_ALPHAS) -> dict[str, Any]:
+    """Thresholds and measured false-positive rates of one length's null scores (N,) and p-values (N,).
+
+    ``llr_threshold_fpr`` is cross-fitted: thresholds chosen on one half are tried on the other, and
+    the hits of both halves pooled, so the rate is not the thresholds' own training error.
+    ``p_value_fpr`` is the fraction of p-values <= alpha. Both carry Clopper-Pearson intervals.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    halves = (scores[0::2], scores[1::2])
+    record: dict[str, Any] = {"n_texts": len(scores), "llr_thresholds": empirical_thresholds(scores, alphas)}
+    if min(map(len, halves)) > 0:
+        fpr = {}
+        for alpha in alphas:
+            hits = sum(int((test > threshold_at_fpr(fit, alpha)).sum()) for fit, test in (halves, halves[::-1]))
+            fpr[f"{alpha:g}"] = rate(hits, len(scores))
+        record["llr_threshold_fpr"] = fpr
+    if p_values is not None and len(p_values):
+        p = np.asarray(p_values, dtype=np.float64)
+        record["p_value_fpr"] = {f"{a:g}": rate(int((p <= a).sum()), len(p)) for a in alphas}
+    return record
 
 
 def store_calibration(key_dir: str | os.PathLike, record: dict[str, Any]) -> None:

@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import DetectConfig
-from openstamp.detect.calibrate import calibrated_threshold
+from openstamp.detect.calibrate import calibrated_threshold, length_band
+from openstamp.detect.chat import Chat, render_chat
 from openstamp.detect.llr import TokenStats, join_stats, permutation_pvalue, stats_rows, token_stats
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
@@ -56,10 +57,25 @@ class _Item:
     offsets: list[tuple[int, int]] | None
     source: str | None
     truncated: bool
+    mask: list[bool] | None = None  # chat: which of ``text``'s tokens are scored (the rest is context too)
 
     @property
-    def n_scored(self) -> int:  # the first token needs some context to be predicted from
-        return len(self.text) if self.context else max(len(self.text) - 1, 0)
+    def first(self) -> int:  # index in context + text of the first scorable token; it needs some context
+        return len(self.context) if self.context else 1
+
+    def scored(self) -> list[bool]:
+        """(len(context + text) - first,) which scorable tokens count."""
+        every = [True] * (len(self.context) + len(self.text) - self.first)
+        return every if self.mask is None else self.mask[len(self.mask) - len(every) :]
+
+    @property
+    def n_scored(self) -> int:
+        return sum(self.scored())
+
+    def targets(self) -> list[int]:
+        """The scored tokens, in order."""
+        seq = (self.context + self.text)[self.first :]
+        return [t for t, keep in zip(seq, self.scored(), strict=True) if keep]
 
 
 class Detector:
@@ -117,6 +133,11 @@ class Detector:
         loaded, tokenizer = load_model(model, dtype=dtype, device=device, cache_dir=cache_dir)
         return cls(loaded, tokenizer, watermark_key, config)
 
+    @property
+    def key_ids(self) -> list[str]:
+        """The ids of the keys this detector scores against (one; ``MultiKeyDetector`` has several)."""
+        return [self.key.key_id]
+
     def _threshold(self) -> float | None:
         if self.config.threshold is not None:
             return self.config.threshold
@@ -139,7 +160,11 @@ class Detector:
         A prompt, if given, conditions the scores; only the text itself is scored.
         """
         items = self._prepare(texts, prompts, token_scores)
-        results: list[DetectionResult | None] = [None] * len(items)
+        return self._run(items, lambda batch: self._batch_results(batch, self._forward(batch), token_scores), progress)
+
+    def _run(self, items: list[_Item], score, progress: bool) -> list:
+        """Results of ``items``: too-short ones directly, the others by ``score`` (batch of items -> results)."""
+        results: list = [None] * len(items)
         for i, item in enumerate(items):
             if item.n_scored < self.config.min_tokens:
                 results[i] = DetectionResult(
@@ -152,13 +177,38 @@ class Detector:
         bar = tqdm(total=len(todo), desc="detecting", unit="text", disable=not progress)
         for b in range(0, len(todo), self.config.batch_size):
             batch = todo[b : b + self.config.batch_size]
-            stats, spans, hidden, targets = self._score_batch([items[i] for i in batch])
-            for i, span in zip(batch, spans, strict=True):
-                results[i] = self._result(items[i], stats, span, token_scores)
-                self._refine_tail(results[i], stats, span, hidden[span], targets[span])
+            for i, result in zip(batch, score([items[i] for i in batch]), strict=True):
+                results[i] = result
             bar.update(len(batch))
         bar.close()
-        return results  # type: ignore[return-value]
+        return results
+
+    def _batch_results(self, items: list[_Item], forward, token_scores: bool) -> list[DetectionResult]:
+        """This key's results for a batch, from the hidden states of ``_forward`` (which other keys may share)."""
+        stats, spans, hidden, targets = self._stats(items, *forward)
+        results = []
+        for item, span in zip(items, spans, strict=True):
+            result = self._result(item, stats, span, token_scores)
+            self._refine_tail(result, stats, span, hidden[span], targets[span])
+            results.append(result)
+        return results
+
+    def detect_messages(
+        self,
+        conversations: list[list[dict]],
+        *,
+        drop_system: bool = False,
+        drop_reasoning: bool = False,
+        token_scores: bool = False,
+        progress: bool = False,
+    ) -> list[DetectionResult]:
+        """Score the assistant turns of each conversation (a list of {role, content} messages).
+
+        Each conversation is rendered with the tokenizer's chat template; every assistant token is
+        scored with everything before it as context, and nothing else is scored.
+        """
+        chats = [Chat(list(m), drop_system=drop_system, drop_reasoning=drop_reasoning) for m in conversations]
+        return self.detect(chats, token_scores=token_scores, progress=progress)
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -172,6 +222,10 @@ class Detector:
 
     def _item(self, text, prompt, token_scores: bool) -> _Item:
         offsets, source = None, None
+        if isinstance(text, Chat):
+            if prompt is not None:
+                raise ValueError("a conversation carries its own context; give no prompt with messages")
+            return self._chat_item(text)
         if isinstance(text, str):
             enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=token_scores)
             ids, source = enc.input_ids, text
@@ -181,7 +235,7 @@ class Detector:
             if any(not 0 <= t < self.key.vocab_size for t in ids):
                 raise ValueError(f"token ids must lie in [0, {self.key.vocab_size})")
         else:
-            raise TypeError(f"each text must be a string or a list of token ids, got {type(text).__name__}")
+            raise TypeError(f"each text must be a string or a list of token ids (or a Chat), got {type(text).__name__}")
         if isinstance(prompt, str):
             prompt = self.tokenizer(prompt, add_special_tokens=False).input_ids
         context = self.bos + list(prompt or [])
@@ -194,9 +248,27 @@ class Detector:
             offsets = offsets[: len(ids)] if offsets else offsets
         return _Item(context, ids, offsets, source, truncated)
 
-    @torch.inference_mode()
+    def _chat_item(self, chat: Chat) -> _Item:
+        """The rendered conversation: context up to the first assistant token, then the rest, masked."""
+        rendered = render_chat(
+            self.tokenizer, chat.messages, drop_system=chat.drop_system, drop_reasoning=chat.drop_reasoning
+        )
+        ids, mask = rendered.ids, rendered.mask
+        truncated = len(ids) > self.config.max_tokens  # keep the start: later turns are cut
+        ids, mask = ids[: self.config.max_tokens], mask[: self.config.max_tokens]
+        first = next((i for i, m in enumerate(mask) if m), len(ids))
+        first = max(first, 1)  # the first token is never scorable
+        return _Item(ids[:first], ids[first:], None, None, truncated, mask=mask[first:])
+
     def _score_batch(self, items: list[_Item]) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
         """One forward pass for the batch; statistics, hidden states and targets of every scored token."""
+        return self._stats(items, *self._forward(items))
+
+    @torch.inference_mode()
+    def _forward(self, items: list[_Item]) -> tuple[list[slice], torch.Tensor, torch.Tensor]:
+        """One forward pass: the spans of each item's scored tokens, their hidden states (N, d) and targets (N,).
+
+        Every key that shares this detector's model can score the same hidden states."""
         seqs = [it.context + it.text for it in items]
         width = max(len(s) for s in seqs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -212,21 +284,24 @@ class Detector:
         hidden = final_hidden(self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device))
         rows, cols, targets, spans = [], [], [], []
         for i, (it, start) in enumerate(zip(items, starts, strict=True)):
-            first = len(it.context) if it.context else 1  # index of the first scored token in seq
-            idx = torch.arange(start + first, start + len(seqs[i]))
+            idx = torch.arange(start + it.first, start + len(seqs[i]))[torch.tensor(it.scored(), dtype=torch.bool)]
             spans.append(slice(len(targets), len(targets) + len(idx)))
             rows.append(torch.full_like(idx, i))
             cols.append(idx - 1)  # the hidden state before a token predicts it
-            targets.extend(seqs[i][first:])
+            targets.extend(it.targets())
         h = hidden[torch.cat(rows).to(self.device), torch.cat(cols).to(self.device)]
-        targets = torch.tensor(targets, device=self.device)
-        return self._stats(seqs, [len(it.context) if it.context else 1 for it in items], spans, h, targets)
+        return spans, h, torch.tensor(targets, device=self.device)
 
-    def _stats(self, seqs, firsts, spans, h, targets) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
+    def _stats(self, items, spans, h, targets) -> tuple[TokenStats, list[slice], torch.Tensor, torch.Tensor]:
         """The batch's token statistics; while a hidden-state cache is active, a text cut from one scored before
-        takes that text's first rows (``self.memo``, where set), and only the others go through the vocabulary."""
+        takes that text's first rows (``self.memo``, where set), and only the others go through the vocabulary.
+        Chat items (masked) are never memoised."""
         memo = self.memo if self.memo is not None and self.memo.bind(active_cache(), decoder_dtype()) else None
-        found = [None if memo is None else memo.find(seq, first) for seq, first in zip(seqs, firsts, strict=True)]
+        seqs, firsts = [it.context + it.text for it in items], [it.first for it in items]
+        found = [
+            None if memo is None or it.mask is not None else memo.find(seq, first)
+            for it, seq, first in zip(items, seqs, firsts, strict=True)
+        ]
         missing = [j for j, f in enumerate(found) if f is None]
         if not missing:
             return join_stats(found), spans, h, targets
@@ -250,7 +325,7 @@ class Detector:
         for j in missing:
             found[j] = stats_rows(computed, start, start + spans[j].stop - spans[j].start)
             start += spans[j].stop - spans[j].start
-            if memo is not None:
+            if memo is not None and items[j].mask is None:
                 memo.keep(seqs[j], firsts[j], found[j])
         return (computed if every else join_stats(found)), spans, h, targets
 
@@ -295,8 +370,12 @@ class Detector:
             detectors.update(centred_llr=statistic / n, permutation_z=z, permutation_p=p_value)
             test = PERMUTATION_TEST.format(k=len(self.perms))
         score = detectors["llr"]
-        if self.threshold is not None:
-            decision, rule = score > self.threshold, f"llr > {self.threshold:.4g}"
+        band = length_band(self.key, n)
+        threshold = self.threshold
+        if self.config.calibrated and self.config.threshold is None and band is not None:
+            threshold = calibrated_threshold(self.key, self.config.alpha, n)
+        if threshold is not None:
+            decision, rule = score > threshold, f"llr > {threshold:.4g}"
         elif p_value is not None:
             decision, rule = p_value <= self.config.alpha, f"p <= {self.config.alpha:g}"
         else:
@@ -311,6 +390,7 @@ class Detector:
             rule=rule,
             detectors=detectors,
             truncated=item.truncated,
+            length_band=band,
         )
         if token_scores:
             result.token_scores = [round(float(v), 5) for v in llr]
@@ -324,8 +404,7 @@ class Detector:
         tokens that are in no list are left out, so under a random key each counted pair
         is green with probability exactly gamma.
         """
-        first = len(item.context) if item.context else 1
-        targets = (item.context + item.text)[first:]
+        targets = item.targets()
         pairs = {}
         for t, sel, g in zip(targets, stats.selected[span].tolist(), stats.green[span].tolist(), strict=True):
             if not self.never_green[t]:
@@ -340,7 +419,7 @@ class Detector:
         first = 0 if item.context else 1
         if item.offsets is not None and item.source is not None:
             return [item.source[a:b] for a, b in item.offsets[first:]]
-        return [self.tokenizer.decode([t]) for t in item.text[first:]]
+        return [self.tokenizer.decode([t]) for t in item.targets()]
 
 
 def _to_cpu(stats: TokenStats) -> TokenStats:

@@ -53,7 +53,9 @@ def _summary(result: DetectionResult) -> str:
         return f"{html.escape(result.status)} ({result.n_tokens} tokens)"
     flag = "watermarked" if result.decision else "not flagged"
     p = "" if result.p_value is None else f", p = {result.p_value:.3g}"
+    band = "" if result.length_band is None else f" (length band {html.escape(result.length_band)})"
+    best = "" if result.best_key is None else f", best key {html.escape(result.best_key)}"
     return (
         f"<span class='flag'>{flag}</span> ({html.escape(result.rule or '')}): mean LLR "
-        f"{result.score:+.3f}{p}, {result.n_tokens} tokens"
+        f"{result.score:+.3f}{p}, {result.n_tokens} tokens{band}{best}"
     )

@@ -23,6 +23,11 @@ class DetectionResult:
         detectors: every detector's score from the same forward pass.
         token_scores: per-token LLR, when asked for.
         tokens: the scored tokens' text pieces, when asked for.
+        length_band: the calibrated length band the text falls in ("64-127"), when the key
+            holds per-length calibration (``openstamp calibrate --lengths``).
+        best_key: with several keys, the id of the best-matching key (smallest p-value);
+            ``p_value`` is then its Holm-adjusted p-value, and the other fields are that key's.
+        p_values_by_key: with several keys, each key's Holm-adjusted p-value.
     """
 
     status: str
@@ -36,14 +41,20 @@ class DetectionResult:
     truncated: bool = False
     token_scores: list[float] | None = None
     tokens: list[str] | None = None
+    length_band: str | None = None
+    best_key: str | None = None
+    p_values_by_key: dict[str, float | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data; optional fields that are None are left out."""
         data = asdict(self)
-        if self.token_scores is None:
-            data.pop("token_scores")
-        if self.tokens is None:
-            data.pop("tokens")
+        for name in OPTIONAL:
+            if data[name] is None:
+                data.pop(name)
         return _finite(data)
+
+
+OPTIONAL = ("token_scores", "tokens", "length_band", "best_key", "p_values_by_key")
 
 
 def _finite(value: Any) -> Any:

@@ -5,6 +5,8 @@ A result item is ``DetectionResult.to_dict()`` plus the text's index in the requ
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
 
 
@@ -19,14 +21,39 @@ def _unicode(values: list[str | None] | None, what: str) -> list[str | None] | N
     return values
 
 
-class DetectRequest(BaseModel):
-    """A batch of texts to score, with optional prompts that condition the scores."""
+class Message(BaseModel):
+    """One chat message, as for the model's chat template."""
 
     model_config = ConfigDict(extra="forbid")
 
-    texts: list[StrictStr] = Field(description="texts to score; an empty or short text gives status too_short")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: StrictStr
+
+    @field_validator("content")
+    @classmethod
+    def _content_is_unicode(cls, content: str) -> str:
+        return _unicode([content], "message")[0]  # type: ignore[index]
+
+
+class DetectRequest(BaseModel):
+    """A batch of texts (with optional prompts that condition the scores), or of conversations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[StrictStr] | None = Field(
+        default=None, description="texts to score; an empty or short text gives status too_short"
+    )
     prompts: list[StrictStr | None] | None = Field(
         default=None, description="one prompt (or null) per text; prompts are never scored"
+    )
+    messages: list[list[Message]] | None = Field(
+        default=None,
+        description="instead of texts: conversations, rendered with the model's chat template; "
+        "only the assistant turns are scored, each with everything before it as context",
+    )
+    drop_system: StrictBool = Field(default=False, description="messages: leave system messages out of the context")
+    drop_reasoning: StrictBool = Field(
+        default=False, description="messages: strip <think>...</think> blocks from assistant turns"
     )
     token_scores: StrictBool = Field(default=False, description="include per-token LLR scores and tokens")
 
@@ -42,8 +69,17 @@ class DetectRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_prompt_per_text(self) -> DetectRequest:
-        if self.prompts is not None and len(self.prompts) != len(self.texts):
+        if (self.texts is None) == (self.messages is None):
+            raise ValueError("give either texts or messages")
+        if self.messages is not None:
+            if self.prompts is not None:
+                raise ValueError("prompts go with texts; a conversation carries its own context")
+            if any(not m for m in self.messages):
+                raise ValueError("each conversation needs at least one message")
+        elif self.prompts is not None and len(self.prompts) != len(self.texts):
             raise ValueError(f"{len(self.texts)} texts but {len(self.prompts)} prompts")
+        elif self.drop_system or self.drop_reasoning:
+            raise ValueError("drop_system and drop_reasoning apply to messages")
         return self
 
 
@@ -62,10 +98,18 @@ class DetectItem(BaseModel):
     truncated: bool = Field(description="the input was cut to the service's token limit")
     token_scores: list[float | None] | None = Field(default=None, description="per-token LLR, when asked for")
     tokens: list[str] | None = Field(default=None, description="the scored tokens' text, when asked for")
+    length_band: str | None = Field(
+        default=None, description="the calibrated length band of the text, when the key has per-length calibration"
+    )
+    best_key: str | None = Field(default=None, description="several keys: the id of the best-matching key")
+    p_values_by_key: dict[str, float | None] | None = Field(
+        default=None, description="several keys: each key's Holm-adjusted p-value"
+    )
 
 
 class DetectResponse(BaseModel):
-    key_id: str = Field(description="public identifier of the key the texts were scored against")
+    key_id: str | None = Field(description="the key the texts were scored against (null with several; see key_ids)")
+    key_ids: list[str] = Field(description="every key the texts were scored against")
     results: list[DetectItem]
 
 
@@ -83,7 +127,8 @@ class InfoResponse(BaseModel):
     service: str = "openstamp"
     version: str
     model: str = Field(description="name of the served checkpoint")
-    key_id: str
+    key_id: str | None = Field(description="the served key (null when the service holds several; see key_ids)")
+    key_ids: list[str] = Field(description="public ids of the served keys; p-values are Holm-adjusted over them")
     detectors: list[str] = Field(description="scores in each result's `detectors`")
     decision: DecisionInfo
     calibrated_fprs: list[str] = Field(description="false-positive rates the key has calibrated thresholds for")
