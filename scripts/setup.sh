@@ -31,4 +31,17 @@ echo "[setup] openstamp[$EXTRAS] and its dependencies"
 # naming torch again keeps the pinned wheel: no dependency may upgrade or replace it
 "${PIP[@]}" -e ".[$EXTRAS]" "$TORCH"
 bash scripts/install_assets.sh default
+# tests/test_page.py drives a real browser: Playwright (the dev extra) with Debian's Chromium, never
+# Playwright's own browser download. Without Chromium that test is skipped, except under CI.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "[setup] chromium for the page test: apt-get install chromium"
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }; then
+            [ -n "${CI:-}" ] && { echo "[setup] error: could not install chromium" >&2; exit 1; }
+            echo "[setup] warning: could not install chromium; tests/test_page.py will be skipped" >&2
+        fi
+    else
+        echo "[setup] no chromium (install Debian's: apt-get install chromium); tests/test_page.py will be skipped"
+    fi
+fi
 echo "[setup] done: .venv/bin/openstamp --help"

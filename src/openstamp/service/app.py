@@ -1,8 +1,9 @@
 """The detection service: a thin FastAPI layer over ``Detector.detect``.
 
-    POST /v1/detect   texts (and prompts) -> DetectionResult records, micro-batched
-    GET  /v1/info     model, key id, detectors, decision rule, limits; no key material
+    POST /v1/detect   texts (and prompts), or conversations -> DetectionResult records, micro-batched
+    GET  /v1/info     model, key ids, detectors, decision rule, limits; no key material
     GET  /healthz     liveness (no authentication)
+    GET  /            the detection page and its static files (no authentication)
 
 All scoring is the library's; the service adds authentication, limits and batching.
 """
@@ -22,11 +23,14 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
 from openstamp import __version__
+from openstamp.detect.chat import Chat
 from openstamp.detect.detector import Detector
+from openstamp.detect.multikey import MultiKeyDetector
 from openstamp.service.auth import ApiKeys
 from openstamp.service.batching import MicroBatcher, QueueFull, ServiceClosing
 from openstamp.service.config import ServiceConfig
 from openstamp.service.guard import Guard
+from openstamp.service.page import router as page_router
 from openstamp.service.schemas import (
     DecisionInfo,
     DetectItem,
@@ -56,13 +60,13 @@ bearer = HTTPBearer(auto_error=False, description="an API key given to `openstam
 
 
 def create_app(
-    detector: Detector,
+    detector: Detector | MultiKeyDetector,
     config: ServiceConfig | None = None,
     keys: ApiKeys | None = None,
     *,
     model_name: str | None = None,
 ) -> FastAPI:
-    """The ASGI app serving ``detector``. ``keys=None`` means anonymous access."""
+    """The ASGI app serving ``detector`` (one key, or several). ``keys=None`` means anonymous access."""
     config = config or ServiceConfig()
     tokenizer = copy.deepcopy(detector.tokenizer)  # token counting runs beside detection: its own copy
     batcher = MicroBatcher(
@@ -77,7 +81,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         app.state.counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openstamp-count")
         await batcher.start()
-        log.info("serving key %s with %s", info.key_id, info.model)
+        log.info("serving key(s) %s with %s", ", ".join(info.key_ids), info.model)
         yield
         await batcher.close()  # uvicorn has already finished the open requests
         app.state.counter.shutdown(wait=True)
@@ -92,6 +96,7 @@ def create_app(
     app.add_middleware(Guard, keys=keys, max_body_bytes=config.max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.state.batcher = batcher
+    app.include_router(page_router)  # GET /: the detection page (public; its requests carry the key)
 
     @app.get("/healthz", response_model=HealthResponse)
     async def healthz() -> HealthResponse:
@@ -109,21 +114,22 @@ def create_app(
         responses=ERRORS,
     )
     async def v1_detect(body: DetectRequest) -> DetectResponse:
-        """Score a batch of texts; each gets its own status (``ok`` or ``too_short``)."""
+        """Score a batch of texts or conversations; each gets its own status (``ok`` or ``too_short``)."""
         if body.token_scores and not config.allow_token_scores:
             raise HTTPException(403, "this server does not serve per-token scores (--allow-token-scores)")
-        prompts = body.prompts or [None] * len(body.texts)
+        texts, pieces = request_texts(body)
+        prompts = body.prompts or [None] * len(texts)
         retry = {"Retry-After": str(config.retry_after_s)}
         counter = getattr(app.state, "counter", None)
         if counter is None:
             raise HTTPException(503, "the service is not running; retry later", headers=retry)
         loop = asyncio.get_running_loop()
-        n_tokens = await loop.run_in_executor(counter, check_size, tokenizer, config, body.texts, prompts)
+        n_tokens = await loop.run_in_executor(counter, check_size, tokenizer, config, pieces, prompts, len(texts))
         if config.log_texts:
-            for i, text in enumerate(body.texts):
+            for i, text in enumerate(pieces):
                 log.info("text %d: %r", i, text[:80])
         try:
-            records = await batcher.submit(body.texts, prompts, body.token_scores)
+            records = await batcher.submit(texts, prompts, body.token_scores)
         except QueueFull as err:
             raise HTTPException(429, f"the service is busy ({err}); retry later", headers=retry) from None
         except ServiceClosing:
@@ -137,15 +143,28 @@ def create_app(
                 record.pop("token_scores", None)
                 record.pop("tokens", None)
             items.append(DetectItem(index=i, **record))
-        return DetectResponse(key_id=detector.key.key_id, results=items)
+        key_ids = detector.key_ids
+        return DetectResponse(key_id=key_ids[0] if len(key_ids) == 1 else None, key_ids=key_ids, results=items)
 
     return app
 
 
-def check_size(tokenizer, config: ServiceConfig, texts: list[str], prompts: list[str | None]) -> int:
-    """Raise 413 when a request exceeds the text, character or token limits; else its token count."""
-    if len(texts) > config.max_texts:
-        raise HTTPException(413, f"{len(texts)} texts in one request; the limit is {config.max_texts}")
+def request_texts(body: DetectRequest) -> tuple[list, list[str]]:
+    """What to score (texts, or a Chat per conversation) and the strings the limits apply to."""
+    if body.messages is None:
+        return list(body.texts or []), list(body.texts or [])
+    options = {"drop_system": body.drop_system, "drop_reasoning": body.drop_reasoning}
+    chats = [Chat([m.model_dump() for m in conv], **options) for conv in body.messages]
+    return chats, [m.content for conv in body.messages for m in conv]
+
+
+def check_size(tokenizer, config: ServiceConfig, texts: list[str], prompts: list[str | None], n_items: int) -> int:
+    """Raise 413 when a request exceeds the text, character or token limits; else its token count.
+
+    ``texts`` are the request's strings (a conversation's message contents), ``n_items`` its texts or
+    conversations."""
+    if n_items > config.max_texts:
+        raise HTTPException(413, f"{n_items} texts in one request; the limit is {config.max_texts}")
     pieces = [s for s in (*texts, *prompts) if s]
     for s in pieces:
         if len(s) > config.max_chars:
@@ -171,7 +190,7 @@ async def validation_error(_request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-def service_info(detector: Detector, config: ServiceConfig, model_name: str | None) -> InfoResponse:
+def service_info(detector: Detector | MultiKeyDetector, config: ServiceConfig, model_name: str | None) -> InfoResponse:
     """Public facts about the service. Runs one warm-up detection to list the detectors."""
     cfg, key = detector.config, detector.key
     if cfg.threshold is not None:
@@ -187,7 +206,8 @@ def service_info(detector: Detector, config: ServiceConfig, model_name: str | No
     return InfoResponse(
         version=__version__,
         model="/".join(Path(str(name)).parts[-2:]),  # not the full local path
-        key_id=key.key_id,
+        key_id=key.key_id if len(detector.key_ids) == 1 else None,
+        key_ids=detector.key_ids,
         detectors=sorted(result.detectors),
         decision=DecisionInfo(
             method=method,

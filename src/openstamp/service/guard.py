@@ -13,8 +13,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openstamp.service.auth import ApiKeys, bearer_token
+from openstamp.service.page import PAGE_PATHS
 
-PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}) | PAGE_PATHS
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
