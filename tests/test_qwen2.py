@@ -177,3 +177,19 @@ def test_the_pre_tokenizer_name_follows_the_split_regex(tokenizer):
     )
     assert guess_pre(PreTrainedTokenizerFast(tokenizer_object=qwen)) == "qwen2"
     assert guess_pre(tokenizer) == "default"  # GPT-2's byte-level split
+
+
+def test_an_untied_model_whose_embeddings_are_its_head_quantized_twice_is_found(tokenizer):
+    """The packaged Qwen2.5-Coder-0.5B GGUF stores U twice (output.weight in Q8_0, token_embd in Q5_0) although
+    upstream ties them; converted untied, a release would leave a near copy of U beside U~. The conversion ties
+    such twins."""
+    from openstamp.models import embedding_name, quantized_twins
+
+    twin = make_qwen2(False, vocab_size=len(tokenizer) + 12)
+    with torch.no_grad():
+        head_w = twin.lm_head.weight
+        twin.get_input_embeddings().weight.copy_(head_w + 0.01 * torch.randn_like(head_w))  # a coarser copy
+    assert quantized_twins(twin)
+    assert embedding_name(twin) == "model.embed_tokens.weight"
+    assert not quantized_twins(make_qwen2(False, vocab_size=len(tokenizer) + 12))  # independent matrices
+    assert not quantized_twins(make_qwen2(True, vocab_size=len(tokenizer) + 12))  # already one tensor

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from openstamp.assets import PACKAGED_MODELS, PackagedModel, cache_root, gguf_path, sha256_file
 from openstamp.errors import ModelNotFoundError
+from openstamp.release.near import similarity
 from openstamp.storage import atomic_directory
 
 log = logging.getLogger(__name__)
@@ -84,14 +85,41 @@ def convert_packaged(asset: PackagedModel, cache_dir: str | os.PathLike | None =
     config = source.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # transformers refuses to save a model marked as GGUF-quantized
+    state = source.state_dict()
+    retied = not config.tie_word_embeddings and quantized_twins(source)
+    if retied:  # upstream ties its head; the GGUF holds two quantized copies of U: keep the finer one, tied
+        log.info("%s stores lm_head and the input embeddings as two copies of one matrix; tying them", gguf.name)
+        config.tie_word_embeddings = True
+        state[embedding_name(source)] = state["lm_head.weight"]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(source.state_dict())
+    model.load_state_dict(state)
     with atomic_directory(target, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        provenance = {"alias": asset.alias, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}
+        provenance = {"alias": asset.alias, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf), "retied": retied}
         (tmp / "openstamp_source.json").write_text(json.dumps(provenance, indent=2))
     return target
+
+
+TWIN_COSINE = 0.99  # two quantizations of one matrix agree far closer; unrelated matrices sit near 0
+
+
+def quantized_twins(model: PreTrainedModel) -> bool:
+    """Whether an untied model's head and input embeddings are one matrix quantized twice (centred cosine at least
+    ``TWIN_COSINE``), as in a GGUF of a tied model whose converter wrote ``output.weight`` beside ``token_embd``.
+    Released untied, such a model would leak the watermark: its input embeddings are a near copy of U."""
+    head_w, embed_w = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    if head_w.shape != embed_w.shape or head_w.data_ptr() == embed_w.data_ptr():
+        return False
+    rows = range(0, len(head_w), 8192)
+    blocks = (head_w[i : i + 8192].detach() for i in rows), (embed_w[i : i + 8192].detach() for i in rows)
+    return similarity(*blocks).cosine >= TWIN_COSINE
+
+
+def embedding_name(model: PreTrainedModel) -> str:
+    """The state-dict name of ``model``'s input embedding matrix."""
+    embed = model.get_input_embeddings()
+    return next(f"{name}.weight" for name, module in model.named_modules() if module is embed)
 
 
 def resolve_model_path(spec: str, cache_dir: str | os.PathLike | None = None) -> str:
