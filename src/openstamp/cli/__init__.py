@@ -2,11 +2,12 @@
 
 The product's commands are registered here. Other packages add theirs through the ``openstamp.cli``
 entry point group (the lab's eval, report, store, merge-runs, attack and analyze): each entry point is a
-function that takes this app. One whose imports fail (an extra not installed) is left out.
+function that takes the app. One whose imports fail (an extra not installed) is left out.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from importlib.metadata import entry_points
 
@@ -21,28 +22,39 @@ from openstamp.cli.export import export_app
 from openstamp.cli.serve import serve
 from openstamp.cli.tune import tune
 
-app = typer.Typer(
-    name="openstamp",
-    help="Watermark open-weight language models inside their weights, and detect the watermark.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.command()(demo)
-app.command()(embed)
-app.command()(tune)
-app.command()(detect)
-app.command()(calibrate)
-app.command()(serve)
-app.command()(audit)
-app.add_typer(export_app, name="export")
 
-for plugin in entry_points(group="openstamp.cli"):
-    try:
-        plugin.load()(app)
-    except ImportError as err:  # a plugin whose dependencies are not installed
-        logging.getLogger(__name__).debug("openstamp.cli plugin %s not loaded: %s", plugin.name, err)
+def build_app() -> typer.Typer:
+    """The command: the product's subcommands, then each ``openstamp.cli`` entry point's."""
+    app = typer.Typer(
+        name="openstamp",
+        help="Watermark open-weight language models inside their weights, and detect the watermark.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    for command in (demo, embed, tune, detect, calibrate, serve, audit):
+        app.command()(command)
+    app.add_typer(export_app, name="export")
+    for plugin in entry_points(group="openstamp.cli"):
+        try:
+            plugin.load()(app)
+        except ImportError as err:  # a plugin whose dependencies are not installed
+            logging.getLogger(__name__).debug("openstamp.cli plugin %s not loaded: %s", plugin.name, err)
+    return app
+
+
+@functools.cache
+def get_app() -> typer.Typer:
+    """The command, built on first use: a plugin's modules may import ``openstamp.cli.common`` (and so this
+    package) while they load, so the plugins are loaded only once this package is whole."""
+    return build_app()
+
+
+def __getattr__(name: str):
+    if name == "app":  # ``from openstamp.cli import app``
+        return get_app()
+    raise AttributeError(f"module 'openstamp.cli' has no attribute {name!r}")
 
 
 def main() -> None:
-    app()
+    get_app()()
