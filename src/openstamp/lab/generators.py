@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from openstamp.storage import atomic_directory
+
 log = logging.getLogger(__name__)
 GENERATORS = ("transformers", "vllm", "auto")
 
@@ -110,7 +112,6 @@ def export_for_vllm(model, tokenizer, directory: Path) -> Path:
     """Save the model as it is now (watermarked or not) where vLLM can load it; reused if present."""
     if (directory / "config.json").exists():
         return directory
-    from openstamp.storage import atomic_directory
 
     with atomic_directory(directory) as tmp:
         model.save_pretrained(tmp)

@@ -109,7 +109,7 @@ def prepare(model: PreTrainedModel, cfg: TrainConfig) -> PreTrainedModel:
 def _optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    from transformers.optimization import Adafactor
+    from transformers.optimization import Adafactor  # optional: imports peft and bitsandbytes where installed
 
     return Adafactor(params, lr=cfg.lr, scale_parameter=False, relative_step=False, warmup_init=False)
 
@@ -134,7 +134,7 @@ def train(
     callback does (a resumed run replays the same steps). A progress bar titled ``desc`` shows the
     steps and the latest loss unless ``progress`` is false.
     """
-    from transformers import get_cosine_schedule_with_warmup
+    from transformers import get_cosine_schedule_with_warmup  # optional: imports peft, bitsandbytes if installed
 
     labels = windows if labels is None else labels
     params = [p for p in model.parameters() if p.requires_grad]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from openstamp.storage import atomic_write_json
+from openstamp.watermark import versions
+
 
 def write_results(out: str | Path, results: dict, figure: str, draw: Callable[[Path], None]) -> dict:
     """Add the versions, write ``out/results.json`` atomically, then draw ``out/figure`` (``draw(path)``)."""
-    from openstamp.storage import atomic_write_json
-    from openstamp.watermark import versions
-
     out = Path(out)
     results["versions"] = versions()
     out.mkdir(parents=True, exist_ok=True)

@@ -17,17 +17,19 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from openstamp.corpus import load_documents, split_documents
 from openstamp.key.key import WatermarkKey
 from openstamp.lab.analysis import write_results
-from openstamp.tune import TuneConfig, own_perplexity, probe
+from openstamp.models import load_model
+from openstamp.patch import check_key, release_tied_head
+from openstamp.plots import new_figure, save_figure
+from openstamp.tune import TuneConfig, heldout_pairs, own_perplexity, probe
 
 log = logging.getLogger(__name__)
 
 
 def grid(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, gammas, deltas, progress: bool) -> dict:
     """Probe every (gamma, delta); ``model`` is the original model and is left as it was."""
-    from openstamp.patch import release_tied_head
-
     tied_head = release_tied_head(key)
     original = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     rows = []
@@ -44,11 +46,6 @@ def grid(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, gammas, de
 
 def run_gamma_delta(model_spec: str, key_dir, corpus: str, gammas, deltas, cfg: TuneConfig, out, progress=True) -> dict:
     """Load the key and its model, probe the grid on ``corpus``'s held-out half, write results and plot."""
-    from openstamp.corpus import load_documents, split_documents
-    from openstamp.models import load_model
-    from openstamp.patch import check_key
-    from openstamp.tune import heldout_pairs
-
     out = Path(out)
     key = WatermarkKey.load(key_dir)
     model, tokenizer = load_model(model_spec)
@@ -68,8 +65,6 @@ def run_gamma_delta(model_spec: str, key_dir, corpus: str, gammas, deltas, cfg: 
 
 def plot(results: dict, path: Path) -> None:
     """TPR and own-perplexity change against delta, one line per gamma."""
-    from openstamp.plots import new_figure, save_figure
-
     fig, axes = new_figure(9, 3.5, ncols=2)
     settings = results["settings"]
     for gamma in dict.fromkeys(r["gamma"] for r in results["rows"]):

@@ -18,14 +18,20 @@ held-out states.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from openstamp.config import SelectorConfig
+from openstamp.config import SelectorConfig, StatesConfig
+from openstamp.corpus import load_documents, split_documents
+from openstamp.hidden import collect_states
 from openstamp.key.key import WatermarkKey
 from openstamp.key.selector import fit_selector
 from openstamp.lab.analysis import write_results
+from openstamp.models import load_model
+from openstamp.plots import new_figure, save_figure
+from openstamp.watermark import split_by_document
 
 
 def green_size(key: WatermarkKey) -> int:
@@ -102,11 +108,6 @@ def key_states(model, tokenizer, key: WatermarkKey, corpus: str, n_states: int, 
 
     Returns (z_train, z_held, held_hidden, the key's SelectorConfig).
     """
-    from openstamp.config import StatesConfig
-    from openstamp.corpus import load_documents, split_documents
-    from openstamp.hidden import collect_states
-    from openstamp.watermark import split_by_document
-
     built = key.meta.get("config", {})  # the key's own settings: S's, and how its states were sampled
     selector = SelectorConfig(**built.get("selector", {}))
     sampling = StatesConfig(**{**built.get("states", {}), "n_states": n_states})
@@ -124,10 +125,6 @@ def run_lists(
 
     Writes out/results.json and out/lists.png.
     """
-    from pathlib import Path
-
-    from openstamp.models import load_model
-
     out = Path(out)
     base = WatermarkKey.load(key_dir)
     model, tokenizer = load_model(model_spec)
@@ -150,8 +147,6 @@ def run_lists(
 
 def plot(rows: list[dict], path) -> None:
     """Overlap and Jaccard similarity against L, one line per gamma."""
-    from openstamp.plots import new_figure, save_figure
-
     fig, axes = new_figure(9, 3.8, ncols=2)
     for gamma in dict.fromkeys(r["gamma"] for r in rows):
         at = [r for r in rows if r["gamma"] == gamma]

@@ -17,9 +17,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+from tqdm.auto import tqdm
+
 from openstamp.lab.analysis import write_results
+from openstamp.lab.attacks.common import load_method, mean_sd, open_eval, watermarked_copy
+from openstamp.lab.evaluation.results import detection_metrics
 from openstamp.lab.methods import REGISTRY, Carrier
+from openstamp.models import load_model
+from openstamp.plots import new_figure, save_figure
 from openstamp.quality import window_nll
+from openstamp.text import bos_prefix
 
 SELF_LLR = ("openstamp", "openstamp-nosem")  # their native detector is the LLR already
 
@@ -42,13 +50,6 @@ NATIVE = ("auroc", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_vs_unwatermarked")
 
 def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: bool = True) -> dict:
     """Rescore every weight-level baseline run of an eval with the LLR; native figures beside it."""
-    from tqdm.auto import tqdm
-
-    from openstamp.lab.attacks.common import load_method, mean_sd, open_eval, watermarked_copy
-    from openstamp.lab.evaluation.results import detection_metrics
-    from openstamp.models import load_model
-    from openstamp.text import bos_prefix
-
     ev, out = open_eval(eval_dir), Path(out)
     runs = [r for r in ev.runs if r["method"] not in SELF_LLR and REGISTRY[r["method"]].carrier is Carrier.WEIGHTS]
     if not runs:
@@ -87,10 +88,6 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
 
 def plot(rows: list[dict], path: Path) -> None:
     """TPR at 1% FPR against human text, native detector beside the LLR, per run."""
-    import numpy as np
-
-    from openstamp.plots import new_figure, save_figure
-
     fig, ax = new_figure(max(4, 1.6 * len(rows)), 3.5)
     x = np.arange(len(rows))
     for offset, detector in ((-0.2, "native"), (0.2, "llr")):

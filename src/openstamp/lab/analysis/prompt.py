@@ -15,7 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.detect.detector import DetectConfig, Detector
 from openstamp.lab.analysis import write_results
+from openstamp.lab.attacks.common import load_method, open_eval
+from openstamp.models import load_model
+from openstamp.plots import new_figure, save_figure
 
 KEYED = ("openstamp", "openstamp-nosem")  # the methods whose key is a WatermarkKey
 
@@ -59,10 +63,6 @@ def compare(with_prompt: list, without: list) -> dict:
 
 def run_prompt(eval_dir, out, n: int | None = None, batch_size: int = 16) -> dict:
     """Score every OpenStamp run's completions (and the unwatermarked ones) with and without their prompts."""
-    from openstamp.detect.detector import DetectConfig, Detector
-    from openstamp.lab.attacks.common import load_method, open_eval
-    from openstamp.models import load_model
-
     ev, out = open_eval(eval_dir), Path(out)
     runs = [r for r in ev.runs if r["method"] in KEYED]
     if not runs:
@@ -88,8 +88,6 @@ def run_prompt(eval_dir, out, n: int | None = None, batch_size: int = 16) -> dic
 
 def plot(rows: list[dict], path: Path) -> None:
     """Mean |per-token LLR with prompt - without| against the token's position, per run and text set."""
-    from openstamp.plots import new_figure, save_figure
-
     fig, ax = new_figure(6, 4)
     for row in rows:
         gap = np.asarray(row["gap_by_position"], dtype=float)

@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from openstamp.config import check, option
 from openstamp.corpus import load_corpora, split_documents
-from openstamp.errors import CorpusError
+from openstamp.errors import CorpusError, require_extra
 from openstamp.lab.attacks.common import (
     AT_COST_HELP,
     DETECTION,
@@ -117,8 +117,6 @@ def read_examples(spec: str, limit: int) -> list[dict]:
 
 
 def _hf_rows(spec: str) -> list[dict]:
-    from openstamp.errors import require_extra
-
     require_extra("datasets", "corpora", "an hf: instruction set")
     import datasets
 

@@ -14,6 +14,7 @@ control row (ARI = 1: the recipe is deterministic, so disagreement is not noise)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,8 +155,6 @@ def run_inversion(
 
 def _test_states(model, tokenizer, cfg: InversionConfig, state_cfg, progress: bool) -> torch.Tensor:
     """Held-out states (N, d) from the held-out half of each test corpus, split evenly."""
-    import dataclasses
-
     share = -(-cfg.n_test // len(cfg.test_corpora))
     parts = []
     for corpus in cfg.test_corpora:

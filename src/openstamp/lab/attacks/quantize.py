@@ -51,6 +51,7 @@ from openstamp.lab.attacks.quantizers import (
 )
 from openstamp.lab.attacks.report import COMPARED, fmt, md_table, negatives_note, new_figure, publish, save_figure
 from openstamp.lab.evaluation.pipeline import generate_set
+from openstamp.lab.methods import REGISTRY, Carrier
 from openstamp.models import load_model
 from openstamp.storage import atomic_write_json, read_json
 
@@ -156,8 +157,6 @@ def _metrics(attacked: list[dict], eval_scores: dict) -> dict:
 
 
 def _row(run: dict, label: str, metrics: dict, how: dict | None) -> dict:
-    from openstamp.lab.methods import REGISTRY, Carrier
-
     return {
         **{k: run[k] for k in ("run", "method", "strength", "seed")},
         "scheme": label,

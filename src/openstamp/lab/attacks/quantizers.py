@@ -35,6 +35,8 @@ from transformers import PreTrainedModel
 
 from openstamp.errors import MissingExtraError
 from openstamp.patch import head, is_tied, untie
+from openstamp.release.gguf_export import tensor_type
+from openstamp.release.gguf_quants import roundtrip
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +170,6 @@ def _gguf_role(name: str, is_head: bool, is_embed: bool) -> str:
 @torch.no_grad()
 def _gguf_quantize(model: PreTrainedModel, scheme: str, quantize_head: bool) -> tuple[list, dict[str, int]]:
     """(parameter, quantize-dequantized value) pairs, and how many matrices got each GGUF type."""
-    from openstamp.release.gguf_export import tensor_type
-    from openstamp.release.gguf_quants import roundtrip
-
     file_type = scheme.removeprefix("gguf-")
     tied, out_w, in_w = is_tied(model), head(model).weight, model.get_input_embeddings().weight
     n_layers = model.config.get_text_config().num_hidden_layers

@@ -104,7 +104,7 @@ def train_head(
     generator, history) is written there at each of those steps, and a run that finds one goes on
     from it: a killed run resumes and ends with the weights an uninterrupted one has.
     """
-    from transformers import get_cosine_schedule_with_warmup
+    from transformers import get_cosine_schedule_with_warmup  # optional: imports peft, bitsandbytes if installed
 
     weight = torch.nn.Parameter(init.clone())
     optimizer = torch.optim.AdamW([weight], lr=cfg.lr, weight_decay=0.0)

@@ -16,8 +16,10 @@ import numpy as np
 
 from openstamp.lab.attacks.common import EvalRun, by_method
 from openstamp.lab.evaluation.metrics import METRICS
+from openstamp.lab.evaluation.report import write_report
 from openstamp.plots import new_figure, save_figure  # noqa: F401  (the attacks import them from here)
 from openstamp.storage import atomic_write_json, atomic_write_text, read_json
+from openstamp.watermark import versions
 
 
 def fmt(stat: dict | float | None, digits: int = 3) -> str:
@@ -57,8 +59,6 @@ def publish(
     The copy in ``<eval>/attacks/<out.name>.md`` links its PNGs (copied next to it) relative to the
     eval directory, because ``write_report`` appends it to ``<eval>/report.md``.
     """
-    from openstamp.watermark import versions
-
     attacked = {}  # which eval was attacked, beyond its path: an eval run again into the same folder is another one
     if eval_dir is not None and (eval_dir / "results.json").exists():
         attacked = {"eval_created": read_json(eval_dir / "results.json", "evaluation results")["created"]}
@@ -85,8 +85,6 @@ def publish(
             shutil.copyfile(p, folder / f"{tag}_{p.name}")
         atomic_write_text(folder / f"{tag}.md", section(f"attacks/{tag}_"))
         if (eval_dir / "results.json").exists():
-            from openstamp.lab.evaluation.report import write_report
-
             write_report(eval_dir)
     return out / "report.md"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from openstamp.embedder import encode_texts
 from openstamp.lab.attacks.report import new_figure, save_figure
 from openstamp.text import encode
 
@@ -39,8 +40,6 @@ def measure_quality(
     near_copy: float = 0.8,
 ) -> dict:
     """Per-sample similarity, 3-gram survival and length ratio, and their summary."""
-    from openstamp.embedder import encode_texts
-
     a = encode_texts(originals, embedder, progress=False)
     b = encode_texts(paraphrases, embedder, progress=False)
     cosine = (a * b).sum(-1).tolist()

@@ -29,6 +29,7 @@ from openstamp.lab.attacks.common import (
     select_runs,
 )
 from openstamp.lab.attacks.report import fmt, md_table, new_figure, save_figure
+from openstamp.lab.evaluation.pipeline import generate_set
 from openstamp.lab.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.lab.training import perplexity, training_windows
 from openstamp.storage import read_json
@@ -73,8 +74,6 @@ def detect_attacked(
     n: int,
 ) -> list[dict]:
     """Complete the first ``n`` eval prompts with the attacked ``model``; score with the original ``base``."""
-    from openstamp.lab.evaluation.pipeline import generate_set
-
     path = scores_path(out, tag, run)
     if path.exists():
         return read_json(path, "scores")

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from openstamp.cli.common import StoreOption, console, friendly_errors, out, parse_settings, setup_logging
+from openstamp.lab.generators import select_generator
 
 
 @friendly_errors
@@ -34,6 +35,7 @@ def evaluate(
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Compare OpenStamp with the baselines on detection and text quality, and write a report."""
+    # lazy: every `openstamp` call imports this module; pipeline pulls torch, config yaml (~15 ms), store ~6 ms
     from openstamp.lab.evaluation.config import EvalConfig
     from openstamp.lab.evaluation.pipeline import run_eval
     from openstamp.lab.evaluation.store import open_store
@@ -57,7 +59,6 @@ def evaluate(
     }
     data.update({k: v for k, v in flags.items() if v is not None})
     cfg = EvalConfig.from_dict(data)
-    from openstamp.lab.generators import select_generator
 
     choice = select_generator(generator)
     if generator != "transformers":

@@ -8,6 +8,7 @@ import typer
 
 from openstamp.cli.common import console, friendly_errors
 from openstamp.lab.cli.eval import print_summary
+from openstamp.storage import read_json
 
 
 @friendly_errors
@@ -22,7 +23,6 @@ def report(
     """Re-render report.md and the plots from a run's saved results (no generation, no scoring)."""
     from openstamp.lab.attacks.report import drop_section
     from openstamp.lab.evaluation.report import write_report
-    from openstamp.storage import read_json
 
     results = read_json(run_dir / "results.json", "results file")  # an eval run, before any section goes
     for name in drop_attack:

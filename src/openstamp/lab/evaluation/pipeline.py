@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import logging
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -35,16 +37,18 @@ from openstamp.generate import sample_completions
 from openstamp.hidden import HiddenCache, autocast_decoder, reusing
 from openstamp.lab.evaluation.config import RECORDED_BEFORE, RESOLVED_DTYPES, EvalConfig
 from openstamp.lab.evaluation.lengths import run_lengths, score_lengths
+from openstamp.lab.evaluation.report import write_report
 from openstamp.lab.evaluation.results import collect_results, load_generations
 from openstamp.lab.evaluation.scoring import score_downstream, score_own_ppl, score_perplexity, score_run
 from openstamp.lab.evaluation.store import EvalStore, digest, folder_digest
 from openstamp.lab.evaluation.timings import StageClock
+from openstamp.lab.generators import export_for_vllm, select_generator, vllm_completions
 from openstamp.lab.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.lab.methods.common import key_digest
 from openstamp.models import fast_dtype, load_model, sampling_copy
 from openstamp.patch import tensor_sha256
 from openstamp.storage import atomic_write_json, changed_fields, changed_settings, differences, read_json
-from openstamp.text import prompt_windows
+from openstamp.text import bos_prefix, prompt_windows
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +62,6 @@ def run_eval(
     unwatermarked and weight-level sets, decode-time methods always use transformers. ``store``: where keys
     and generation batches are shared with other evals (:func:`openstamp.lab.evaluation.store.open_store`).
     """
-    from openstamp.lab.generators import select_generator
-
     choice = select_generator(generator)
     log.info("generator: %s (%s)", choice.name, choice.reason)
     if not cfg.methods:  # the default: every registered method, recorded by name in config.json
@@ -77,7 +79,6 @@ def run_eval(
     results = collect_results(out, cfg, runs, windows)
     results["timings_s"] = timings
     atomic_write_json(out / "results.json", results)
-    from openstamp.lab.evaluation.report import write_report
 
     write_report(out)
     return results
@@ -212,8 +213,6 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
 
 def _set_option(name: str, value) -> str:
     """The ``--set`` option that gives a setting this value (a default may have changed since a run was made)."""
-    import json
-
     return f"--set '{name}={value if isinstance(value, str) else json.dumps(value)}'"
 
 
@@ -377,11 +376,6 @@ def generate_set(
 
 
 def _generate_vllm(out, directory, model, tokenizer, prompts, cfg, seed) -> None:
-    import shutil
-
-    from openstamp.lab.generators import export_for_vllm, vllm_completions
-    from openstamp.text import bos_prefix
-
     starts = [s for s in range(0, len(prompts), cfg.batch_size)]
     missing = [(b, s) for b, s in enumerate(starts) if not (directory / f"b{b:04d}.json").exists()]
     if not missing:

@@ -8,14 +8,17 @@ import math
 from pathlib import Path
 
 import numpy as np
+from transformers import AutoTokenizer
 
 from openstamp.lab.evaluation.config import EvalConfig
 from openstamp.lab.evaluation.downstream import change as downstream_change
 from openstamp.lab.evaluation.lengths import LEVEL, mean_curve, run_curve
 from openstamp.lab.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr, tpr_at_fpr_ci
 from openstamp.lab.evaluation.oracle import load_perplexities
+from openstamp.models import resolve_model_path
 from openstamp.quality import change, perplexity
 from openstamp.storage import atomic_write_text, read_json
+from openstamp.watermark import versions
 
 FPRS = {"tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.001}
 SUMMARY_METRICS = tuple(m.name for m in METRICS.values() if m.summary)
@@ -135,8 +138,6 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict]) -> dict:
-    from openstamp.watermark import versions
-
     oracle_files = {}
 
     def ppl_of(name):
@@ -191,10 +192,6 @@ def collect_results(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[
 
 def write_samples(out: Path, cfg: EvalConfig, runs: list[dict], windows: list[dict], ppl_of) -> None:
     """One line per (seed, prompt): the texts and every score, for inspection."""
-    from transformers import AutoTokenizer
-
-    from openstamp.models import resolve_model_path
-
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     lines = []

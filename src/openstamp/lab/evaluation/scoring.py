@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 
 from openstamp.detect.detector import p_values_down_to
+from openstamp.lab.evaluation.downstream import accuracy, build_local_tasks, processed_logits, task_names
 from openstamp.lab.evaluation.lengths import LEVEL
+from openstamp.lab.evaluation.oracle import load_perplexities, perplexities, save_perplexities
 from openstamp.lab.evaluation.results import load_generations
 from openstamp.lab.methods.base import score_dicts
-from openstamp.models import load_model
+from openstamp.models import fast_dtype, load_model
+from openstamp.quality import window_nll
 from openstamp.storage import atomic_write_json
+from openstamp.text import bos_prefix
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +27,6 @@ def score_downstream(out, name, model, tokenizer, processor, cfg) -> None:
     """Per-item accuracy on cfg.downstream's lm-eval tasks of the model as it generates now (cached per set)."""
     if not cfg.downstream:
         return
-    from openstamp.lab.evaluation.downstream import accuracy, build_local_tasks, processed_logits, task_names
 
     path = out / "downstream" / f"{name.replace('/', '_')}.json"
     if path.exists():
@@ -43,9 +46,6 @@ def score_downstream(out, name, model, tokenizer, processor, cfg) -> None:
 
 def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress) -> None:
     """The model's own NLL on each human continuation given its prompt, as it generates now."""
-    from openstamp.quality import window_nll
-    from openstamp.text import bos_prefix
-
     path = out / "own_ppl" / f"{name.replace('/', '_')}.json"
     if path.exists():
         return
@@ -83,8 +83,6 @@ def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg, 
 def score_perplexity(out, cfg, tokenizer, windows, runs, progress) -> None:
     """Oracle perplexity of every completion set given its prompts (and of the human continuations), in the dtype
     cfg.oracle_dtype resolves to; a set scored in another dtype is scored again."""
-    from openstamp.lab.evaluation.oracle import load_perplexities, perplexities, save_perplexities
-
     dtype = oracle_dtype(cfg)
     prompts = tokenizer.batch_decode([w["prompt"] for w in windows], skip_special_tokens=True)
     sets = {"human": [w["human"] for w in windows]}
@@ -107,6 +105,4 @@ def score_perplexity(out, cfg, tokenizer, windows, runs, progress) -> None:
 
 def oracle_dtype(cfg) -> str:
     """The dtype cfg.oracle_dtype names; 'fast' is bfloat16 where cfg.device computes it natively, else float32."""
-    from openstamp.models import fast_dtype
-
     return fast_dtype(cfg.device) if cfg.oracle_dtype == "fast" else cfg.oracle_dtype

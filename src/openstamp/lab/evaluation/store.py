@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from openstamp.assets import cache_root, sha256_file
 from openstamp.storage import atomic_directory, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,6 @@ def digest(*parts) -> str:
 
 def folder_digest(directory: Path) -> str:
     """sha256 of every file in a folder (relative path and bytes): a key's identity as saved."""
-    from openstamp.assets import sha256_file
-
     files = sorted(p for p in Path(directory).rglob("*") if p.is_file())
     listing = [[p.relative_to(directory).as_posix(), sha256_file(p)] for p in files]
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
@@ -164,8 +163,6 @@ def open_store(spec: str | None) -> EvalStore | None:
     """``none`` (or None): no store; ``auto``: $OPENSTAMP_EVAL_STORE (itself possibly ``none``), else
     <model cache>/eval; anything else: that folder."""
     if spec == "auto":
-        from openstamp.assets import cache_root
-
         spec = os.environ.get("OPENSTAMP_EVAL_STORE") or str(cache_root() / "eval")
     if spec is None or spec.strip().lower() == "none":
         return None

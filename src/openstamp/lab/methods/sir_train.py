@@ -49,6 +49,7 @@ import hashlib
 import torch
 from torch import nn
 
+from openstamp.embedder import encode_texts
 from openstamp.lab.methods.common import keyed_normal
 
 BOW_DIM = 64
@@ -169,7 +170,6 @@ def embed(texts: list[str], name: str) -> torch.Tensor:
     """Sentence embeddings, float32 (N, k): ``bow`` here, any other name through openstamp.embedder."""
     if name == "bow":
         return bow_embed(texts)
-    from openstamp.embedder import encode_texts
 
     if not texts:
         return torch.zeros(0, 0)
