@@ -109,38 +109,6 @@ def heldout_windows(tokenizer, n: int, prompt_tokens: int, new_tokens: int, excl
     return mixed[:n]
 
 
-def deltas(text: str) -> tuple:
-    """argparse type of ``--deltas``: comma-separated strengths."""
-    import argparse
-
-    from openstamp.cli.common import numbers
-
-    try:
-        return numbers(text, "deltas")
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
-def add_key_arguments(parser, default_deltas: tuple) -> None:
-    """--model, --key, --corpus, --deltas: the scripts that probe one key at other strengths on held-out prompts."""
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--key", default="runs/tune/key", help="a key of --model (openstamp tune or embed)")
-    parser.add_argument("--corpus", default="wikipedia")
-    parser.add_argument("--deltas", type=deltas, default=default_deltas, help="comma-separated strengths")
-
-
-def key_and_prompts(args, cfg):
-    """The key, the model and tokenizer, and ``cfg.n`` held-out (prompt, human continuation) pairs of --corpus."""
-    from openstamp import load_documents, load_model, split_documents
-    from openstamp.key.key import WatermarkKey
-    from openstamp.tune import heldout_pairs
-
-    key = WatermarkKey.load(args.key)
-    model, tokenizer = load_model(args.model)
-    pairs = heldout_pairs(tokenizer, split_documents(load_documents(args.corpus), "heldout"), cfg)
-    return key, model, tokenizer, pairs
-
-
 VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/<method>-f<f>/: an OpenStamp method with selector shrinkage f
 
 
