@@ -314,6 +314,9 @@ fpr() {
   # then the reported tail p-value against 10^5 permutations on that release
   $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr
   $PY benchmarks/fpr/tail_check.py --model runs/fpr/model --key runs/fpr/key
+  # the family-wise FPR of 5 keys (Holm) on 1000 human windows, and detection of chat-formatted assistant turns
+  $PY benchmarks/fpr/multikey_fpr.py --n 1000 --keys 5 --length 64 --profile small --out runs/multikey
+  $PY benchmarks/quality/chat_detect.py --n 64 --new-tokens 160 --out runs/chat_detect
 }
 paraphrase() {
   # every method after paraphrase at equal cost: on the sweep's eval of each seed of PARA_COST_SEEDS (default 0 1 2;

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from attack_tables import durability, durability_cost, paraphrase, projection
 from common import COST, RESULTS, TPR, kept_variants, pct, rate, read, table
+from product_tables import calibration_lengths, chat, key_variants, multikey
 
 from openstamp.lab.evaluation.pareto import at_equal_cost
 from openstamp.lab.evaluation.report import equal_cost_table
@@ -228,37 +229,6 @@ def tune(root: Path, name: str) -> list[str]:
     return table(["delta", "TPR [95% CI]", "own perplexity", "change"], rows, 0)
 
 
-def gamma_delta(root: Path) -> list[str]:
-    r = read(root / "analysis" / "gamma-delta" / "results.json")["rows"]
-    deltas = sorted({row["delta"] for row in r})
-    rows = [
-        [f"{g:g}"]
-        + [
-            f"{row['tpr']:.2f} / {row['own_ppl_change']:+.0%}"
-            for d in deltas
-            for row in r
-            if (row["gamma"], row["delta"]) == (g, d)
-        ]
-        for g in sorted({row["gamma"] for row in r})
-    ]
-    return table(["gamma", *(f"delta {d:g}" for d in deltas)], rows, 0)
-
-
-def downstream(root: Path) -> list[str]:
-    """OpenStamp's strengths on 32 prompts: TPR at 64 tokens, own PPL and lm-eval accuracy, each as a change."""
-    r = read(root / "cost" / "results.json")
-    tasks = list(r["downstream_original"])
-    rows = []
-    for run in r["runs"]:
-        m, tpr64 = run["metrics"], next(x[TPR] for x in run["length_curve"] if x["tokens"] == 64)
-        d = [m["downstream"][t] for t in tasks]
-        rows.append(
-            [f"{run['strength']:g}", rate(tpr64), pct(m[COST])]
-            + [f"{x['change']:+.3f} [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}]" for x in d]
-        )
-    return table(["delta", "TPR 64 tokens", "own PPL change", *(f"{t} change" for t in tasks)], rows, 0)
-
-
 def retie(root: Path) -> list[str]:
     res = read(root / "retie.json")["results"]
     rows = []
@@ -284,11 +254,13 @@ TABLES = {
     "eval_time": eval_time,
     "serve_load": serve_load,
     "tune": partial(tune, name="tune"),
-    "gamma_delta": gamma_delta,
-    "downstream": downstream,
     "llr_split": llr_split,
     "projection": projection,
     "retie": retie,
+    "chat": chat,
+    "multikey": multikey,
+    "calibration_lengths": calibration_lengths,
+    "key_variants": key_variants,
 }
 
 

@@ -1,0 +1,74 @@
+"""docs/results.md's tables of what users check first: chat text, several keys, per-length calibration, and the
+key variants of the frontier work. Each is a function from the results folder to markdown lines (render.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common import pct, rate, read, table
+
+
+def interval(r: dict) -> str:
+    """``rate [low, high]`` of a ``{rate, ci95}`` record."""
+    low, high = r["ci95"]
+    return f"{rate(r['rate'])} [{low:.3f}, {high:.3f}]"
+
+
+def chat(root: Path) -> list[str]:
+    """Flag rates on chat-formatted assistant turns and human answers (chat_detect.json)."""
+    r = read(root / "chat_detect.json")
+    rows = [
+        [label, f"{s['hits']}/{s['n']}", interval(s), str(s["median_tokens_scored"])]
+        for label, s in (
+            ("watermarked release's turns (TPR)", r["tpr_watermarked"]),
+            ("base model's turns (FPR)", r["fpr_base"]),
+            ("human answers (FPR)", r["fpr_human"]),
+        )
+    ]
+    return table(["texts", "flagged", "rate [95% CI]", "median tokens scored"], rows)
+
+
+def multikey(root: Path) -> list[str]:
+    """Human text flagged under any of several keys, with and without Holm's correction (multikey_fpr.json)."""
+    r = read(root / "multikey_fpr.json")
+    m = len(r["key_ids"])
+    rows = [
+        [f"any of {m} keys, Holm-adjusted", interval(r["family_wise_fpr_holm"])],
+        [f"any of {m} keys, uncorrected", interval(r["family_wise_fpr_uncorrected"])],
+    ]
+    rows += [[f"key {k} alone", interval(v)] for k, v in r["per_key_fpr"].items()]
+    return table([f"human texts ({r['texts_scored']}) flagged at p <= {r['alpha']:g}", "rate [95% CI]"], rows)
+
+
+def calibration_lengths(root: Path) -> list[str]:
+    """Per-length thresholds and their measured FPR (calibration_lengths.json: a key's calibration.by_length)."""
+    r = read(root / "calibration_lengths.json")
+    rows = []
+    for length, c in sorted(r["by_length"].items(), key=lambda kv: int(kv[0])):
+        tau = c["llr_thresholds"].get("0.01")
+        fpr = c["llr_threshold_fpr"].get("0.01")
+        p_fpr = c["p_value_fpr"].get("0.01")
+        rows.append(
+            [
+                length,
+                str(c["n_texts"]),
+                "-" if tau is None else f"{tau:+.4f}",
+                "-" if fpr is None else f"{rate(fpr['rate'])} [{fpr['low']:.3f}, {fpr['high']:.3f}]",
+                "-" if p_fpr is None else f"{rate(p_fpr['rate'])} [{p_fpr['low']:.3f}, {p_fpr['high']:.3f}]",
+            ]
+        )
+    header = ["tokens", "human texts", "LLR threshold (1%)", "its FPR, held out [95% CI]", "FPR of p <= 0.01"]
+    return table(header, rows)
+
+
+def key_variants(root: Path) -> list[str]:
+    """Each key variant at each strength: TPR, own-PPL change, and the seen / signal / spread split."""
+    r = read(root / "key_variants.json")
+    rows = []
+    for p in r["points"].values():
+        low, high = p["tpr_ci"]
+        split = [rate(p.get(k)) if p.get(k) is not None else "-" for k in ("seen", "signal", "spread", "efficiency")]
+        rows.append([p["variant"], f"{p['delta']:g}", f"{rate(p['tpr'])} [{low:.2f}, {high:.2f}]",
+                     pct(p["own_ppl_change"]), *split])  # fmt: skip
+    header = ["variant", "delta", "TPR@1%FPR [95% CI]", "own PPL change", "seen", "signal", "spread", "efficiency"]
+    return table(header, rows)
