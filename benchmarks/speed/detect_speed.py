@@ -1,6 +1,6 @@
 """Detection throughput against a plain forward pass on the same texts and batch, in one run.
 
-    python benchmarks/speed/detect_speed.py [--model runs/demo/model --key runs/demo/key]
+    python benchmarks/speed/detect_speed.py [--model runs/demo/model --key runs/demo/key --name detect_speed]
 
 Reports tokens/s of: a plain forward pass computing logits, the backbone alone, OpenStamp
 detection (exact m; the older top-32 estimate of m; no permutation p-values), and the naive
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-batch", type=int, default=32)
     parser.add_argument("--memory-length", type=int, default=256)
+    parser.add_argument("--name", default="detect_speed", help="results file benchmarks/results/<name>.json")
     args = parser.parse_args()
     model, tokenizer, key = load_release(args)
     seqs = windows(tokenizer, args.batch, args.length)
@@ -111,7 +112,7 @@ def main() -> None:
     }
 
     write_result(
-        "detect_speed",
+        args.name,
         {
             "model": str(args.model),
             "batch": args.batch,
