@@ -33,7 +33,7 @@ echo "[setup] openstamp[$EXTRAS] and its dependencies"
 bash scripts/install_assets.sh default
 # tests/test_page.py drives a real browser: Playwright (the dev extra) with Debian's Chromium, never
 # Playwright's own browser download. Without Chromium that test is skipped, except under CI.
-if ! command -v chromium >/dev/null 2>&1; then
+if [[ ",$EXTRAS," == *,dev,* ]] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "[setup] chromium for the page test: apt-get install chromium"
         if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }; then
