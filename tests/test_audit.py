@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app as cli
 from openstamp.key import WatermarkKey
+from openstamp.matrices import similarity
 from openstamp.patch import apply_watermark, head
 from openstamp.release.audit import audit, sketch_rank
-from openstamp.release.near import similarity
 
 runner = CliRunner()
 

@@ -31,12 +31,13 @@ from pathlib import Path
 import torch
 
 from openstamp.key.key import WatermarkKey
+from openstamp.matrices import similarity
 from openstamp.models import resolve_model_path
 from openstamp.monitor import thread_count
 from openstamp.patch import tensor_sha256, tied_head_mode
 from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, read_disclosure
 from openstamp.release.checkpoint import SEVERITIES, Checkpoint, Finding, difference_blocks
-from openstamp.release.near import NEAR_COSINE, check_near_copies, similarity
+from openstamp.release.near import NEAR_COSINE, check_near_copies
 
 __all__ = ["NEAR_COSINE", "Checkpoint", "Finding", "audit", "check_near_copies", "similarity", "sketch_rank"]
 

@@ -8,11 +8,11 @@ The measure is the mean-centred cosine (:func:`similarity`), not a relative diff
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from openstamp.key.key import WatermarkKey
+from openstamp.matrices import similarity
 from openstamp.release.checkpoint import Checkpoint, Finding
 
 # Two matrices whose mean-centred cosine is >= this are near copies. A watermark is not a small
@@ -23,42 +23,6 @@ from openstamp.release.checkpoint import Checkpoint, Finding
 # shared mean row, which a leak survives too: from X = cU + 1 m^T, U~ - (X - 1 m^T) / c = dW.
 NEAR_COSINE = 0.5
 EQUAL = 1e-5  # a relative difference below this is equality up to fp32 rounding (the exact-copy checks' case)
-
-
-@dataclass(frozen=True)
-class Similarity:
-    """How close two same-shaped matrices A and B are."""
-
-    cosine: float  # of the mean-centred matrices (each minus its mean row), flattened
-    relative_difference: float  # ||A - B|| / ||B||, Frobenius
-
-    def describe(self) -> str:
-        return f"cosine {self.cosine:.3f}, relative difference {self.relative_difference:.3f}"
-
-
-def similarity(a: Iterator[torch.Tensor], b: Iterator[torch.Tensor]) -> Similarity:
-    """:class:`Similarity` of two (V, d) matrices given as matching row blocks, in one pass.
-
-    Each block is cast to float32 and summed into float64 totals (column sums, <A, B>, ||A||^2,
-    ||B||^2, ||A - B||^2), so memory is a few blocks whatever V; the centred cosine follows from
-    the totals: sum_ij (A - mean A)(B - mean B) = <A, B> - V <mean A, mean B>.
-    """
-    n, sums = 0, torch.zeros(4, dtype=torch.float64)
-    col_a = col_b = None
-    for x, y in zip(a, b, strict=True):
-        x, y = x.float(), y.float()
-        n += len(x)
-        col_a = x.sum(0, dtype=torch.float64) + (0 if col_a is None else col_a)
-        col_b = y.sum(0, dtype=torch.float64) + (0 if col_b is None else col_b)
-        products = (x * y, x * x, y * y, (x - y) ** 2)
-        sums += torch.stack([p.sum(dtype=torch.float64) for p in products])
-    if col_a is None:
-        return Similarity(cosine=0.0, relative_difference=0.0)
-    ab = sums[0] - col_a @ col_b / n
-    aa, bb = sums[1] - col_a @ col_a / n, sums[2] - col_b @ col_b / n
-    cosine = float(ab / (aa * bb).sqrt()) if aa > 0 and bb > 0 else 0.0
-    relative = float(sums[3].sqrt() / sums[2].sqrt()) if sums[2] > 0 else float(sums[3] > 0)
-    return Similarity(cosine=cosine, relative_difference=relative)
 
 
 def check_near_copies(
