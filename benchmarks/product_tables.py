@@ -41,8 +41,8 @@ def multikey(root: Path) -> list[str]:
 
 
 def calibration_lengths(root: Path) -> list[str]:
-    """Per-length thresholds and their measured FPR (calibration_lengths.json: a key's calibration.by_length)."""
-    r = read(root / "calibration_lengths.json")
+    """Per-length thresholds and their measured FPR (calibration_lengths/calibration.json: calibrate --report)."""
+    r = read(root / "calibration_lengths" / "calibration.json")
     rows = []
     for length, c in sorted(r["by_length"].items(), key=lambda kv: int(kv[0])):
         tau = c["llr_thresholds"].get("0.01")

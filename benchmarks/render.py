@@ -184,18 +184,6 @@ def embed_stages(root: Path) -> list[str]:
     return table(["stage", "seconds", "peak RSS (MB)"], rows)
 
 
-def eval_time(root: Path) -> list[str]:
-    """Seconds per stage of the default comparison from a cold start: the first run and the latest one."""
-    first, again = (
-        read(p)["timings_s"]
-        for p in (root / "eval_timed" / "results.json", root / "eval_timed" / "rerun" / "results.json")
-    )
-    stages = [k for k in sorted(first["stages"], key=lambda k: -first["stages"][k]) if first["stages"][k] >= 1]
-    rows = [[k, f"{first['stages'][k]:.0f}", f"{again['stages'].get(k, 0):.0f}"] for k in stages]
-    rows.append(["**total**", f"{first['total']:.0f}", f"{again['total']:.0f}"])
-    return table(["stage", "first run (s)", "again (s)"], rows)
-
-
 def serve_load(root: Path) -> list[str]:
     r = read(root / "serve_load.json")
     rows = [
@@ -251,7 +239,6 @@ TABLES = {
     "durability_cost_12": partial(durability_cost, cost=0.12),
     "detect_speed": detect_speed,
     "embed_stages": embed_stages,
-    "eval_time": eval_time,
     "serve_load": serve_load,
     "tune": partial(tune, name="tune"),
     "llr_split": llr_split,
