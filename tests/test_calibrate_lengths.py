@@ -73,3 +73,17 @@ def test_calibrate_lengths_writes_per_length_records_and_detect_names_the_band(r
     assert record["length_band"] == band
     expected = calibration["by_length"][band.split("-")[0].rstrip("+")]["llr_thresholds"]["0.05"]
     assert record["rule"] == f"llr > {expected:.4g}"
+
+
+def test_the_cross_fitted_fpr_does_not_try_one_corpus_on_another():
+    """reference_texts interleaves corpora text by text; the halves must each hold both, or a threshold fitted on
+    one corpus's texts would be tried on the other's (whose null LLR sits elsewhere)."""
+    rng = np.random.default_rng(0)
+    scores = np.empty(4000)
+    scores[0::2] = rng.normal(0.0, 1.0, 2000)  # corpus A
+    scores[1::2] = rng.normal(1.0, 1.0, 2000)  # corpus B, its null shifted
+    fpr = length_record(scores, None, (0.05,))["llr_threshold_fpr"]["0.05"]
+    assert fpr["low"] <= 0.05 <= fpr["high"]
+    by_corpus = (scores[0::2], scores[1::2])  # the split the rate must not be
+    tau = np.quantile(by_corpus[0], 0.95)
+    assert (by_corpus[1] > tau).mean() > 0.2  # what trying A's threshold on B would report

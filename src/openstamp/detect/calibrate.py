@@ -85,11 +85,15 @@ def length_record(scores: np.ndarray, p_values: np.ndarray | None, alphas=DEFAUL
     """Thresholds and measured false-positive rates of one length's null scores (N,) and p-values (N,).
 
     ``llr_threshold_fpr`` is cross-fitted: thresholds chosen on one half are tried on the other, and
-    the hits of both halves pooled, so the rate is not the thresholds' own training error.
-    ``p_value_fpr`` is the fraction of p-values <= alpha. Both carry Clopper-Pearson intervals.
+    the hits of both halves pooled, so the rate is not the thresholds' own training error. The halves
+    take alternate pairs of texts (0, 1 | 2, 3 | 4, 5 ...): ``reference_texts`` interleaves its corpora
+    text by text, so each half holds every corpus alike, and the rate is not one corpus's threshold
+    tried on another. ``p_value_fpr`` is the fraction of p-values <= alpha. Both carry Clopper-Pearson
+    intervals.
     """
     scores = np.asarray(scores, dtype=np.float64)
-    halves = (scores[0::2], scores[1::2])
+    pair = (np.arange(len(scores)) // 2) % 2
+    halves = (scores[pair == 0], scores[pair == 1])
     record: dict[str, Any] = {"n_texts": len(scores), "llr_thresholds": empirical_thresholds(scores, alphas)}
     if min(map(len, halves)) > 0:
         fpr = {}
