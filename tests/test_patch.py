@@ -4,7 +4,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from openstamp.key import KeyMismatchError, WatermarkKey
-from openstamp.patch import apply_watermark, check_key, head, is_tied, revert_watermark, tied_head_mode
+from openstamp.patch import TIED_WARNING, apply_watermark, check_key, head, is_tied, revert_watermark, tied_head_mode
 
 MODES = ("retie", "untie")
 
@@ -51,7 +51,7 @@ def test_apply_adds_the_offset_and_records_the_mode(tiny_model_dir, mode):
     assert not torch.equal(head(model).weight, original)
     assert key.meta["model"]["tied"] == tied
     assert tied_head_mode(key) == (mode if tied else "untied-base")
-    assert bool(key.meta["warnings"]) == (tied and mode == "untie")
+    assert (TIED_WARNING in key.meta["warnings"]) == (tied and mode == "untie")
     if tied and mode == "retie":  # one shared tensor, now U~, and the config still says tied
         assert is_tied(model) and model.config.tie_word_embeddings
         assert torch.equal(model.get_input_embeddings().weight, head(model).weight)
@@ -183,3 +183,25 @@ def test_a_key_derived_with_another_delta_records_its_own_fingerprints(tiny_mode
     apply_watermark(base, child)
     assert check_key(base, child) == "watermarked" and check_key(model, parent) == "watermarked"
     assert child.meta["fingerprint"] != parent.meta["fingerprint"]
+
+
+def test_a_retied_release_whose_embeddings_move_as_much_as_the_head_is_warned_about(tiny_model_dir):
+    """On Qwen2.5-Coder-0.5B the default delta gives ||dW|| / ||U|| of about 1.1, and the re-tied release's text
+    falls apart; embed records the ratio and warns above RETIE_SHIFT_WARN."""
+    import dataclasses
+
+    from openstamp.patch import RETIE_SHIFT_WARN
+
+    model = load(tiny_model_dir)
+    base = key_for(model)
+    ratio_at_1 = float(base.delta_w().norm() / head(model).weight.norm())
+    small = dataclasses.replace(base, delta=0.5 * RETIE_SHIFT_WARN / ratio_at_1)
+    large = dataclasses.replace(base, delta=2.0 * RETIE_SHIFT_WARN / ratio_at_1)
+    for key, warned in ((small, False), (large, True)):
+        m = load(tiny_model_dir)
+        apply_watermark(m, key, "retie", source="tiny")
+        assert key.meta["offset_to_head"] == pytest.approx(ratio_at_1 * key.delta, rel=1e-4)
+        if is_tied(m):
+            assert any("re-tied release" in w for w in key.meta["warnings"]) == warned
+        else:  # an untied base keeps its input embeddings: nothing to warn about
+            assert not any("re-tied release" in w for w in key.meta["warnings"])

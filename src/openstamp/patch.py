@@ -29,6 +29,12 @@ TIED_WARNING = (
     "released checkpoint's input embeddings are the original unembedding U, so anyone can compute "
     "U~ - U and subtract the watermark. The default (--tied-head retie) does not leak U."
 )
+RETIE_SHIFT_WARN = 0.5  # ||dW|| / ||U|| above this in a re-tied release: the input embeddings move as much as that
+RETIE_WARNING = (
+    "the offset is {ratio:.2f} times the size of the unembedding (||dW|| / ||U||), and this re-tied release's input "
+    "embeddings move by as much: its text may fall apart. Choose a smaller delta for this model (openstamp tune, or "
+    "embed --delta auto). On SmolLM2-135M the ratio is about 0.14 at delta 1; on Qwen2.5-Coder-0.5B about 1.1."
+)
 FORCE_HINT = "pass --force (DetectConfig(check_key=False)) to score anyway"
 
 
@@ -185,7 +191,11 @@ def _record(key: WatermarkKey, model: PreTrainedModel, state: PatchState, source
         "original": head_digests(state.original),
         "watermarked": head_digests(weight),
     }
+    ratio = float(torch.linalg.vector_norm(key.delta_w()) / torch.linalg.vector_norm(state.original.float()))
+    key.meta["offset_to_head"] = ratio  # ||dW|| / ||U||: how far a re-tied release's input embeddings move
     key.meta["warnings"] = [TIED_WARNING] if state.mode == "untie" else []
+    if state.mode == "retie" and ratio > RETIE_SHIFT_WARN:
+        key.meta["warnings"].append(RETIE_WARNING.format(ratio=ratio))
 
 
 @torch.no_grad()
