@@ -19,7 +19,7 @@ from openstamp.hidden import HiddenCache, reusing
 from openstamp.key import WatermarkKey
 from openstamp.lab.methods import create
 from openstamp.models import load_model
-from openstamp.patch import apply_watermark, head, is_tied, revert_watermark, tied_head_mode
+from openstamp.patch import TIED_WARNING, apply_watermark, head, is_tied, revert_watermark, tied_head_mode
 from openstamp.watermark import build_key, embed
 
 runner = CliRunner()
@@ -56,7 +56,7 @@ def test_a_tied_model_embeds_re_tied_by_default(retied, tied_dir):
     assert not any(torch.equal(t, original) for t in release.values())
     assert json.loads((retied / "model" / "config.json").read_text())["tie_word_embeddings"] is True
     key = WatermarkKey.load(retied / "key")
-    assert tied_head_mode(key) == "retie" and key.meta["warnings"] == []
+    assert tied_head_mode(key) == "retie" and TIED_WARNING not in key.meta["warnings"]  # no leak to warn of
     model = AutoModelForCausalLM.from_pretrained(retied / "model").eval()
     assert is_tied(model)
     torch.testing.assert_close(head(model).weight, original + key.delta_w(), rtol=0, atol=1e-6)
