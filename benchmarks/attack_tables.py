@@ -44,17 +44,6 @@ def paraphrase(root: Path, cost: float) -> list[str]:
     return pooled_paraphrase([a for a in map(read, files) if a["settings"].get("at_cost") == cost])
 
 
-def projection(root: Path) -> list[str]:
-    """OpenStamp against its no-projection ablation after paraphrase, both at delta 0.5 with shrinkage 4."""
-    folder = root / "projection"
-    return pooled_paraphrase(
-        [read(f) for f in (*sorted(folder.glob("attacks/*.json")), *folder.glob("keys/para-*.json"))]
-    )
-
-
-# -- what survives quantization, merging, pruning and fine-tuning
-
-
 def _cell(s: dict, key: str = TPR) -> tuple:
     stat = s[key]
     return (stat["mean"] if isinstance(stat, dict) else stat), (s.get("ppl") or {}).get("mean")

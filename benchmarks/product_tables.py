@@ -72,3 +72,29 @@ def key_variants(root: Path) -> list[str]:
                      pct(p["own_ppl_change"]), *split])  # fmt: skip
     header = ["variant", "delta", "TPR@1%FPR [95% CI]", "own PPL change", "seen", "signal", "spread", "efficiency"]
     return table(header, rows)
+
+
+def offset_size(root: Path) -> list[str]:
+    """Each model's offset against its unembedding at its key's delta (offset_size.json)."""
+    r = read(root / "offset_size.json")["releases"]
+    rows = [
+        [model, f"{s['delta']:g}", f"{s['offset_to_head']:.2f}", f"{s['head_row_norm']:.3f}",
+         f"{s['offset_row_norm']:.3f}", f"{s['offset_mean_row_norm']:.3f}", f"{s['centred_offset_row_norm']:.3f}"]
+        for model, s in r.items()
+    ]  # fmt: skip
+    header = ["model", "delta", "||dW|| / ||U||", "row norm of U", "of dW", "dW's mean row", "dW centred, per row"]
+    return table(header, rows)
+
+
+def speed_by_model(root: Path) -> list[str]:
+    """Detection tokens/s against a plain forward pass, per model (detect_speed*.json)."""
+    rows = []
+    for path in sorted(root.glob("detect_speed*.json")):
+        r = read(path)
+        t, x = r["tokens_per_second"], r["ratio_to_plain_forward"]
+        release = "/".join(Path(r["model"]).parts[-3:])
+        rows.append([release, f"{r['batch']} x {r['length']}", f"{t['plain_forward']:.0f}",
+                     f"{t['openstamp_detect']:.0f}", f"{x['openstamp_detect']:.2f}",
+                     f"{r['memory']['peak_rss_mb']:.0f}"])  # fmt: skip
+    header = ["release", "batch", "plain forward tok/s", "detect tok/s", "x forward", "peak RSS at memory batch (MB)"]
+    return table(header, rows)

@@ -15,9 +15,9 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from attack_tables import durability, durability_cost, paraphrase, projection
+from attack_tables import durability, durability_cost, paraphrase
 from common import COST, RESULTS, TPR, kept_variants, pct, rate, read, table
-from product_tables import calibration_lengths, chat, key_variants, multikey
+from product_tables import calibration_lengths, chat, key_variants, multikey, offset_size, speed_by_model
 
 from openstamp.lab.evaluation.pareto import at_equal_cost
 from openstamp.lab.evaluation.report import equal_cost_table
@@ -117,19 +117,6 @@ def lengths(root: Path, cost: float = 0.10) -> list[str]:
     return table(["method", *(f"{t} tokens" for t in tokens)], rows)
 
 
-def short_human(root: Path) -> list[str]:
-    """How often human text cut short passes each method's full-length 1% threshold (threshold_lengths.json)."""
-    runs = read(root / "threshold_lengths.json")["runs"]
-    tokens = [row["tokens"] for row in runs[0]["lengths"]]
-    rows = []
-    for run in runs:
-        at = {row["tokens"]: row for row in run["lengths"]}
-        p = at[64].get("human_flagged_at_p_0.01")
-        over = [f"{at[t]['human_over_full_threshold']:.1%}" for t in tokens]
-        rows.append([run["method"], run["score_scale"], *over, "-" if p is None else f"{p:.1%}"])
-    return table(["method", "score", *(f"{t} tokens" for t in tokens), "64 tokens, at p <= 0.01"], rows, 2)
-
-
 # -- is the false-positive rate right for one key
 
 SOURCES = {
@@ -164,15 +151,6 @@ def tail_check(root: Path) -> list[str]:
 
 
 # -- how fast
-
-
-def detect_speed(root: Path) -> list[str]:
-    r = read(root / "detect_speed.json")
-    rows = [
-        [name.replace("_", " "), f"{tps:.0f}", f"{r['ratio_to_plain_forward'][name]:.2f}"]
-        for name, tps in r["tokens_per_second"].items()
-    ]
-    return table(["pass", "tokens/s", "x plain forward"], rows)
 
 
 def embed_stages(root: Path) -> list[str]:
@@ -217,34 +195,23 @@ def tune(root: Path, name: str) -> list[str]:
     return table(["delta", "TPR [95% CI]", "own perplexity", "change"], rows, 0)
 
 
-def retie(root: Path) -> list[str]:
-    res = read(root / "retie.json")["results"]
-    rows = []
-    for name, r in res.items():
-        flagged = [f"{r[k]:.0%}" if k in r else "-" for k in ("flagged_completions", "flagged_human")]
-        rows.append([name, f"{r['perplexity']['ppl']:.1f}", *flagged, f"{r['size_mb']:.0f}"])
-    return table(["release", "perplexity", "completions flagged", "human flagged", "safetensors (MB)"], rows)
-
-
 TABLES = {
     "glance": glance,
     "equal_cost": equal_cost,
     "budget": budget,
     "lengths": lengths,
-    "short_human": short_human,
     "fpr_per_key": fpr_per_key,
     "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
     "durability_cost_12": partial(durability_cost, cost=0.12),
-    "detect_speed": detect_speed,
     "embed_stages": embed_stages,
     "serve_load": serve_load,
     "tune": partial(tune, name="tune"),
     "llr_split": llr_split,
-    "projection": projection,
-    "retie": retie,
     "chat": chat,
+    "speed_by_model": speed_by_model,
+    "offset_size": offset_size,
     "multikey": multikey,
     "calibration_lengths": calibration_lengths,
     "key_variants": key_variants,
