@@ -62,10 +62,11 @@ def calibration_lengths(root: Path) -> list[str]:
 
 
 def key_variants(root: Path) -> list[str]:
-    """Each key variant at each strength: TPR, own-PPL change, and the seen / signal / spread split."""
-    r = read(root / "key_variants.json")
+    """Each key variant at each strength: TPR, own-PPL change, and the seen / signal / spread split
+    (key_variants*.json: one file per run of benchmarks/frontier/key_variants.py)."""
+    points = [p for path in sorted(root.glob("key_variants*.json")) for p in read(path)["points"].values()]
     rows = []
-    for p in r["points"].values():
+    for p in points:
         low, high = p["tpr_ci"]
         split = [rate(p.get(k)) if p.get(k) is not None else "-" for k in ("seen", "signal", "spread", "efficiency")]
         rows.append([p["variant"], f"{p['delta']:g}", f"{rate(p['tpr'])} [{low:.2f}, {high:.2f}]",
@@ -82,7 +83,7 @@ def offset_size(root: Path) -> list[str]:
          f"{s['offset_row_norm']:.3f}", f"{s['offset_mean_row_norm']:.3f}", f"{s['centred_offset_row_norm']:.3f}"]
         for model, s in r.items()
     ]  # fmt: skip
-    header = ["model", "delta", "||dW|| / ||U||", "row norm of U", "of dW", "dW's mean row", "dW centred, per row"]
+    header = ["model", "delta", "dW / U (Frobenius)", "row norm of U", "of dW", "dW's mean row", "dW centred, per row"]
     return table(header, rows)
 
 

@@ -299,6 +299,10 @@ frontier() {
   sweep
   for m in openstamp openstamp-nosem; do SHRINK_METHOD=$m shrinkage; done
   $PY benchmarks/frontier/detection_budget.py
+  # the key variants against the default key at the same strengths (one secret, one set of states, 64 prompts)
+  $PY benchmarks/frontier/key_variants.py --variants plain,centred,consistency,raw,raw-centred
+  $PY benchmarks/frontier/key_variants.py --variants raw-centred-consistency \
+    --out benchmarks/results/key_variants_combined.json
 }
 lengths() {
   # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,
@@ -346,6 +350,13 @@ speed() {
   # detection, sampling and key-building speed, the HTTP service under load and against bad input, batch detection
   # on Ray, and the memory of building a key's selector; rebuilding a sweep key from its seed where the sweep left one
   $PY benchmarks/speed/detect_speed.py
+  # a second model: the demo on Qwen2.5-Coder-0.5B, its detection speed, and each release's offset against its head
+  bash scripts/install_assets.sh qwen05
+  $OPENSTAMP demo --model qwen2.5-coder-0.5b --out runs/demo-qwen
+  $PY benchmarks/speed/detect_speed.py --model runs/demo-qwen/model --key runs/demo-qwen/key --batch 4 --length 128 \
+    --memory-batch 8 --memory-length 128 --name detect_speed_qwen05
+  $PY benchmarks/quality/offset_size.py --release runs/demo/model:runs/demo/key \
+    --release runs/demo-qwen/model:runs/demo-qwen/key
   $PY benchmarks/speed/generate_speed.py --n 200 --new-tokens 64
   $PY benchmarks/speed/embed_stages.py --profile default
   $PY benchmarks/speed/ray_detect.py

@@ -162,23 +162,6 @@ def embed_stages(root: Path) -> list[str]:
     return table(["stage", "seconds", "peak RSS (MB)"], rows)
 
 
-def serve_load(root: Path) -> list[str]:
-    r = read(root / "serve_load.json")
-    rows = [
-        [f"max batch {s['max_batch']}", f"{s['texts_per_second']:.2f}", f"{s['tokens_per_second']:.0f}"]
-        + [
-            f"{s['latency_p50_s']:.2f}",
-            f"{s['latency_p99_s']:.2f}",
-            str(s["errors"]),
-            f"{s['server_memory_mb']['VmHWM']:.0f}",
-        ]
-        for s in (r["batched"], r["max_batch_1"])
-    ]
-    return table(
-        ["server", "texts/s", "tokens/s", "p50 latency (s)", "p99 latency (s)", "errors", "peak RSS (MB)"], rows
-    )
-
-
 # -- which strength and settings
 
 
@@ -206,7 +189,6 @@ TABLES = {
     "durability": durability,
     "durability_cost_12": partial(durability_cost, cost=0.12),
     "embed_stages": embed_stages,
-    "serve_load": serve_load,
     "tune": partial(tune, name="tune"),
     "llr_split": llr_split,
     "chat": chat,

@@ -8,7 +8,8 @@ One secret and one set of hidden states serve every variant, so the variants dif
 * ``centred``: the same key with ``green.centre`` (dW's frequency-weighted mean row removed);
 * ``consistency``: S fitted with the context-consistency penalty (``selector.consistency`` 1);
 * ``raw``: S fitted on raw final hidden states, P = I (as the authors' code does);
-* ``raw-centred``: both.
+* ``raw-centred``: both;
+* ``raw-centred-consistency``: the three together.
 
 For each variant and delta the script watermarks the packaged model (re-tied), samples ``n`` completions of
 ``tokens`` tokens from held-out prompts, and detects them without their prompts; it scores the human continuations
@@ -54,6 +55,7 @@ VARIANTS = {  # name -> (profile overrides, centre)
     "consistency": ({"selector.consistency": 1.0}, False),
     "raw": ({"projection.enabled": False}, False),
     "raw-centred": ({"projection.enabled": False}, True),
+    "raw-centred-consistency": ({"projection.enabled": False, "selector.consistency": 1.0}, True),
 }
 
 
