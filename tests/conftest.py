@@ -57,9 +57,12 @@ def make_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-def make_model(tied: bool, vocab_size: int, hidden: int = 32, seed: int = 0) -> LlamaForCausalLM:
+def make_model(
+    tied: bool, vocab_size: int, hidden: int = 32, seed: int = 0, config_class=LlamaConfig, model_class=LlamaForCausalLM
+) -> LlamaForCausalLM:
+    """A tiny random causal LM (a Llama unless another config and model class are given)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -72,7 +75,7 @@ def make_model(tied: bool, vocab_size: int, hidden: int = 32, seed: int = 0) -> 
         eos_token_id=2,
         pad_token_id=2,
     )
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     with torch.no_grad():  # larger-than-default weights give peakier, more realistic next-token distributions
         for p in model.parameters():
             if p.dim() == 2:

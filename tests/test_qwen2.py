@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, make_corpus
+from conftest import SMALL_EMBED, make_corpus, make_model
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from sklearn.metrics import roc_auc_score
@@ -41,26 +41,10 @@ def gguf_contents(path) -> tuple[dict, set[str]]:
 
 
 def make_qwen2(tied: bool, vocab_size: int, hidden: int = 32, seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=tied,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    model = Qwen2ForCausalLM(config)
+    model = make_model(tied, vocab_size, hidden, seed, config_class=Qwen2Config, model_class=Qwen2ForCausalLM)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.15)
-            elif name.endswith("proj.bias"):  # Qwen2's attention biases: non-zero, so they matter
+            if name.endswith("proj.bias"):  # Qwen2's attention biases: non-zero, so they matter
                 p.normal_(0, 0.1)
     return model.eval()
 
