@@ -194,6 +194,7 @@ def fit_selector_streaming(
         "rescale_factor_max": float(factors.max()),
         "kmeans": method,
         "ridge_lambda": lam,
+        "consistency_mu": 0.0,  # the penalty needs states in memory: build_key refuses it with shards
     }
     return S, stats
 
