@@ -140,26 +140,7 @@ def fpr_per_key(root: Path) -> list[str]:
     return table(header, rows)
 
 
-def tail_check(root: Path) -> list[str]:
-    rows = [
-        [n, f"{s['median_p_reported']:.2g}", f"{s['median_p_mc_1e5']:.2g}", f"{s['flagged_at_0.01']:.2f}"]
-        + [f"{s['below_1e-6']:.2f}"]
-        for n, s in read(root / "tail_check.json")["per_length"].items()
-    ]
-    header = ["scored tokens", "median p reported", "median p, 10^5 permutations", "flagged at p <= 0.01", "p < 1e-6"]
-    return table(header, rows, 0)
-
-
 # -- how fast
-
-
-def embed_stages(root: Path) -> list[str]:
-    r = read(root / "embed_stages.json")
-    rows = [
-        [name.replace("_", " "), f"{sec:.1f}", f"{r['stage_peak_rss_mb'][name]:.0f}"]
-        for name, sec in r["stage_seconds"].items()
-    ]
-    return table(["stage", "seconds", "peak RSS (MB)"], rows)
 
 
 # -- which strength and settings
@@ -184,11 +165,9 @@ TABLES = {
     "budget": budget,
     "lengths": lengths,
     "fpr_per_key": fpr_per_key,
-    "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
     "durability_cost_12": partial(durability_cost, cost=0.12),
-    "embed_stages": embed_stages,
     "tune": partial(tune, name="tune"),
     "llr_split": llr_split,
     "chat": chat,

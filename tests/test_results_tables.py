@@ -4,7 +4,6 @@ a changed result changes its table, so the check can fail."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -44,32 +43,32 @@ def test_headline_figures_are_rendered_from_the_sweep(render):
 
 
 def test_a_changed_result_makes_its_table_stale(render, tmp_path):
-    shutil.copy(RESULTS / "tail_check.json", tmp_path / "tail_check.json")
+    shutil.copy(RESULTS / "multikey_fpr.json", tmp_path / "multikey_fpr.json")
     page = tmp_path / "page.md"
-    page.write_text("Tail:\n<!-- table: tail_check -->\n<!-- /table -->\nEnd.\n", encoding="utf-8")
+    page.write_text("Keys:\n<!-- table: multikey -->\n<!-- /table -->\nEnd.\n", encoding="utf-8")
     filled, changed, problems = render.stale(page, tmp_path)
-    assert changed == ["tail_check"] and problems == []  # the empty block was stale
+    assert changed == ["multikey"] and problems == []  # the empty block was stale
     page.write_text(filled, encoding="utf-8")
     assert render.stale(page, tmp_path)[1:] == ([], [])
-    data = json.loads((tmp_path / "tail_check.json").read_text())
-    data["per_length"]["16"]["flagged_at_0.01"] = 0.5
-    (tmp_path / "tail_check.json").write_text(json.dumps(data))
+    data = json.loads((tmp_path / "multikey_fpr.json").read_text())
+    data["family_wise_fpr_holm"].update(rate=0.5, ci95=[0.4, 0.6])
+    (tmp_path / "multikey_fpr.json").write_text(json.dumps(data))
     new, changed, _ = render.stale(page, tmp_path)
-    assert changed == ["tail_check"] and "| 16 | 0.1 | 0.1 | 0.50 | 0.00 |" in new
-    assert new.startswith("Tail:\n") and new.endswith("<!-- /table -->\nEnd.\n")  # the prose is left alone
+    assert changed == ["multikey"] and "| any of 5 keys, Holm-adjusted | 0.500 [0.400, 0.600] |" in new
+    assert new.startswith("Keys:\n") and new.endswith("<!-- /table -->\nEnd.\n")  # the prose is left alone
 
 
 def test_missing_data_and_markers_are_named(render, tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("<!-- table: tail_check -->\n<!-- /table -->\n<!-- table: nonsense -->\n<!-- /table -->\n")
+    page.write_text("<!-- table: multikey -->\n<!-- /table -->\n<!-- table: nonsense -->\n<!-- /table -->\n")
     _, _, problems = render.stale(page, tmp_path, required=("glance",))
-    assert [p.split(":")[0] for p in problems] == ["tail_check", "nonsense", "glance"]
+    assert [p.split(":")[0] for p in problems] == ["multikey", "nonsense", "glance"]
     assert "no <!-- table: glance --> block" in problems[-1]
 
 
 def test_check_exits_1_on_a_stale_page(render, tmp_path, monkeypatch):
     page = tmp_path / "results.md"
-    page.write_text("<!-- table: tail_check -->\n| stale |\n<!-- /table -->\n", encoding="utf-8")
+    page.write_text("<!-- table: multikey -->\n| stale |\n<!-- /table -->\n", encoding="utf-8")
     readme = tmp_path / "README.md"
     readme.write_text("# Tool\n", encoding="utf-8")
     monkeypatch.setattr(render, "ROOT", tmp_path)
@@ -80,7 +79,10 @@ def test_check_exits_1_on_a_stale_page(render, tmp_path, monkeypatch):
     assert stop.value.code == 1 and "| stale |" in page.read_text()  # --check writes nothing
     monkeypatch.setattr(sys, "argv", ["render.py"])
     render.main()
-    assert re.search(r"\| 100 \| 1\.2e-06 \|", page.read_text()) and readme.read_text() == "# Tool\n"
+    assert (
+        "| any of 5 keys, Holm-adjusted | 0.013 [0.007, 0.022] |" in page.read_text()
+        and readme.read_text() == "# Tool\n"
+    )
 
 
 def test_render_check_runs_as_a_script():
