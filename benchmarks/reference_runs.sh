@@ -321,6 +321,10 @@ fpr() {
   # the family-wise FPR of 5 keys (Holm) on 1000 human windows, and detection of chat-formatted assistant turns
   $PY benchmarks/fpr/multikey_fpr.py --n 1000 --keys 5 --length 64 --profile small --out runs/multikey
   $PY benchmarks/quality/chat_detect.py --n 64 --new-tokens 160 --out runs/chat_detect
+  # per-length thresholds and measured FPRs of the demo release (its key.json keeps them; the report is the data)
+  [ -f runs/demo/key/key.json ] || $OPENSTAMP demo
+  $OPENSTAMP calibrate --model runs/demo/model --key runs/demo/key --n 500 --length 64 --lengths 32,64,128,200 \
+    --fpr 0.01,0.05 --report benchmarks/results/calibration_lengths --quiet
 }
 paraphrase() {
   # every method after paraphrase at equal cost: on the sweep's eval of each seed of PARA_COST_SEEDS (default 0 1 2;
