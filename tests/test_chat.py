@@ -126,3 +126,22 @@ def test_cli_scores_messages_from_jsonl(setup, chat_tok, tmp_path):
     assert [r["id"] for r in records] == ["a", 1]
     direct = Detector(model, chat_tok, key, DetectConfig(min_tokens=4)).detect_messages([CONVERSATION])[0]
     assert records[0]["n_tokens"] == direct.n_tokens and records[0]["score"] == pytest.approx(direct.score)
+
+
+def test_several_keys_score_a_conversation_as_each_key_alone(setup, chat_tok, corpus_file, tiny_config):
+    from openstamp.detect.multikey import MultiKeyDetector
+
+    model, key = setup
+    base = make_model(tied=False, vocab_size=len(chat_tok) + 12)
+    other = build_key(
+        base, chat_tok, load_documents(str(corpus_file)), tiny_config, secret=bytes([6]) * 32, progress=False
+    )
+    apply_watermark(copy.deepcopy(base), other)  # records its fingerprints, as embed does
+    config = DetectConfig(min_tokens=4)
+    alone = [Detector(base, chat_tok, k, config).detect_messages([CONVERSATION])[0] for k in (key, other)]
+    [multi] = MultiKeyDetector([Detector(base, chat_tok, k, config) for k in (key, other)]).detect_messages(
+        [CONVERSATION]
+    )
+    assert multi.n_tokens == alone[0].n_tokens and set(multi.p_values_by_key) == {key.key_id, other.key_id}
+    best = min(alone, key=lambda r: r.p_value)
+    assert multi.score == pytest.approx(best.score, rel=1e-5)

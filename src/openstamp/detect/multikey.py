@@ -13,7 +13,6 @@ import copy
 import numpy as np
 
 from openstamp.config import DetectConfig
-from openstamp.detect.chat import Chat
 from openstamp.detect.detector import Detector
 from openstamp.detect.result import DetectionResult
 from openstamp.key.key import WatermarkKey
@@ -114,18 +113,8 @@ class MultiKeyDetector:
         each = lead._run(items, lambda batch: self._score(batch, token_scores), progress)
         return [r if isinstance(r, list) else [r] * len(self.detectors) for r in each]  # too short: one for all
 
-    def detect_messages(
-        self,
-        conversations: list[list[dict]],
-        *,
-        drop_system: bool = False,
-        drop_reasoning: bool = False,
-        token_scores: bool = False,
-        progress: bool = False,
-    ) -> list[DetectionResult]:
-        """``Detector.detect_messages`` against every key."""
-        chats = [Chat(list(m), drop_system=drop_system, drop_reasoning=drop_reasoning) for m in conversations]
-        return self.detect(chats, token_scores=token_scores, progress=progress)
+    # the same rendering of conversations into Chat items, then this class's detect against every key
+    detect_messages = Detector.detect_messages
 
     def _score(self, items, token_scores: bool) -> list[list[DetectionResult]]:
         by_key: list[list[DetectionResult]] = [[] for _ in self.detectors]
