@@ -1,8 +1,10 @@
+import copy
+import dataclasses
 import math
 
 import pytest
 import torch
-from scipy.stats import kstest
+from scipy.stats import binomtest, kstest
 from sklearn.metrics import roc_auc_score
 
 from openstamp.config import DetectConfig
@@ -137,6 +139,38 @@ def test_watermarked_text_under_a_different_key_gets_uniform_p_values(setup):
     p = [r.p_value for r in det.detect(setup["wm"])]
     assert kstest(p, "uniform").pvalue > 0.01
     assert sum(v <= 0.05 for v in p) <= 6  # 40 texts; about 2 expected
+
+
+def test_skipped_first_tokens_are_context_only(setup):
+    """Skipping k tokens of a prompt-free text scores it as if those k tokens were its prompt."""
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4, skip_tokens=6))
+    plain = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
+    text = setup["wm"][1]
+    skipped, given = det.detect([text], token_scores=True)[0], plain.detect([text[6:]], prompts=[text[:6]])[0]
+    assert skipped.n_tokens == len(text) - 6 == len(skipped.token_scores) == len(skipped.tokens)
+    assert math.isclose(skipped.score, given.score, rel_tol=1e-5) and skipped.p_value == given.p_value
+    with_prompt = det.detect([text], prompts=[[5, 6, 7, 8]])[0]  # a prompt gives the context: nothing skipped
+    assert with_prompt.n_tokens == len(text)
+    too_short = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=16, skip_tokens=40))
+    assert too_short.detect([text])[0].status == "too_short"  # 48 tokens, 40 skipped: 8 scored
+
+
+def test_skipping_tokens_keeps_p_values_valid_on_nulls(setup):
+    """The rule is fixed before the text is seen, so the permutation p-value stays exact: on text written without
+    the key, p-values under 20 fresh keys are not anti-conservative at any skip."""
+    p = {0: [], 8: [], 24: []}
+    for j in range(16):
+        key = dataclasses.replace(setup["key"], secret=bytes([100 + j]) * 32, meta={})
+        apply_watermark(copy.deepcopy(setup["base"]), key)  # records which head is the base's
+        det = Detector(setup["base"], setup["tok"], key)
+        for skip in p:
+            det.config = dataclasses.replace(det.config, skip_tokens=skip)
+            p[skip] += [r.p_value for r in det.detect(setup["plain"])]
+    for skip, values in p.items():
+        for alpha in (0.05, 0.1, 0.25):
+            flagged = sum(v <= alpha for v in values)
+            assert binomtest(flagged, len(values), alpha, alternative="greater").pvalue > 0.001, (skip, alpha)
+        assert sum(v <= 0.5 for v in values) >= 0.35 * len(values)  # and not conservative to the point of no test
 
 
 def test_wrong_model_for_the_key_is_refused(setup, tiny_model_dir):

@@ -205,6 +205,11 @@ class DetectConfig:
     n_permutations: int = option(999, "permutations of the list assignment; p-values are >= 1 / (K + 1)")
     min_tokens: int = option(16, "texts with fewer scored tokens are reported as too short, without a score")
     max_tokens: int = option(2048, "longer inputs are truncated to this many tokens (prompt first)")
+    skip_tokens: int = option(
+        0,
+        "a text given without a prompt: its first k tokens are read as context only and not scored (k is fixed "
+        "before the text is seen, so p-values stay exact)",
+    )
     batch_size: int = option(16, "texts per forward pass")
     chunk_tokens: int = option(512, "tokens per head computation")
     vocab_block: int = option(2048, "vocabulary rows per block; memory is bounded by chunk_tokens x vocab_block")
@@ -225,6 +230,7 @@ class DetectConfig:
         )
         check(self.n_permutations >= 1, "n_permutations must be >= 1")
         check(self.min_tokens >= 1 and self.max_tokens > self.min_tokens, "need 1 <= min_tokens < max_tokens")
+        check(0 <= self.skip_tokens < self.max_tokens, "need 0 <= skip_tokens < max_tokens")
         check(
             min(self.batch_size, self.chunk_tokens, self.vocab_block) >= 1,
             "batch and block sizes must be >= 1",

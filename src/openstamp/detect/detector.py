@@ -57,7 +57,7 @@ class _Item:
     offsets: list[tuple[int, int]] | None
     source: str | None
     truncated: bool
-    mask: list[bool] | None = None  # chat: which of ``text``'s tokens are scored (the rest is context too)
+    mask: list[bool] | None = None  # which of ``text``'s tokens are scored (chat turns, skipped first tokens)
 
     @property
     def first(self) -> int:  # index in context + text of the first scorable token; it needs some context
@@ -246,7 +246,10 @@ class Detector:
             context = self.bos + (context[len(self.bos) :][-room:] if room else [])
             ids = ids[: limit - len(context)]
             offsets = offsets[: len(ids)] if offsets else offsets
-        return _Item(context, ids, offsets, source, truncated)
+        mask, skip = None, min(self.config.skip_tokens, len(ids))
+        if skip and not prompt:  # no prompt: the first tokens were chosen with a context the detector lacks
+            mask = [False] * skip + [True] * (len(ids) - skip)
+        return _Item(context, ids, offsets, source, truncated, mask=mask)
 
     def _chat_item(self, chat: Chat) -> _Item:
         """The rendered conversation: context up to the first assistant token, then the rest, masked."""
@@ -418,7 +421,8 @@ class Detector:
     def _pieces(self, item: _Item) -> list[str]:
         first = 0 if item.context else 1
         if item.offsets is not None and item.source is not None:
-            return [item.source[a:b] for a, b in item.offsets[first:]]
+            pieces = [item.source[a:b] for a, b in item.offsets[first:]]
+            return pieces if item.mask is None else [p for p, keep in zip(pieces, item.scored(), strict=True) if keep]
         return [self.tokenizer.decode([t]) for t in item.targets()]
 
 
