@@ -12,7 +12,8 @@ import torch
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
-from openstamp.hidden import context_deltas, final_hidden, plan_windows
+from openstamp.hidden import context_deltas, final_hidden, input_gradients, plan_windows
+from openstamp.key.selector import ridge
 from openstamp.models import load_model
 from openstamp.patch import apply_watermark, is_tied
 from openstamp.text import bos_prefix, token_frequencies
@@ -90,3 +91,62 @@ def test_a_key_fitted_with_the_consistency_penalty(tiny_model_dir, corpus_file, 
     key = build_key(model, tok, docs, cfg, secret=SECRET, progress=False)
     assert key.meta["stats"]["selector"]["consistency_mu"] > 0 == plain.meta["stats"]["selector"]["consistency_mu"]
     assert not torch.allclose(key.selector, plain.selector)
+
+
+def test_input_gradients_match_a_hand_made_gradient(tiny_model_dir, corpus_file, tiny_config):
+    model, tok = load_model(str(tiny_model_dir))
+    docs = load_documents(str(corpus_file))
+    grads = input_gradients(model, tok, docs, tiny_config.states, n_windows=2)
+    windows = plan_windows(tok, docs, tiny_config.states)[:2]
+    prefix = len(bos_prefix(tok))
+    assert grads.shape == (sum(len(w.ids) - prefix for w in windows), model.config.hidden_size)
+    w = windows[0]  # by hand: one coordinate of one token's input embedding, by a central difference
+    ids = torch.tensor([w.ids])
+    base = model.get_input_embeddings()(ids).detach().double()
+    model64 = copy.deepcopy(model).double()
+
+    def loss(e):
+        with torch.no_grad():
+            logits = model64(inputs_embeds=e).logits[0, :-1]
+        return float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+
+    t, eps = prefix + 5, 1e-3  # the model's logits are not all float64: a larger step, the largest coordinate
+    j = int(grads[t - prefix].abs().argmax())
+    up, down = base.clone(), base.clone()
+    up[0, t, j] += eps
+    down[0, t, j] -= eps
+    expected = float(grads[t - prefix, j])
+    assert abs((loss(up) - loss(down)) / (2 * eps) - expected) < 0.05 * abs(expected)
+
+
+def test_the_fisher_penalty_lowers_the_input_side_cost_and_zero_is_the_plain_ridge(
+    tiny_model_dir, corpus_file, tiny_config
+):
+    model, tok = load_model(str(tiny_model_dir))
+    docs = load_documents(str(corpus_file))
+    plain = build_key(model, tok, docs, tiny_config, secret=SECRET, progress=False)
+    zero = build_key(
+        model, tok, docs, tiny_config.with_overrides({"selector.fisher": 0.0}), secret=SECRET, progress=False
+    )
+    torch.testing.assert_close(zero.selector, plain.selector, rtol=0, atol=0)
+    cfg = tiny_config.with_overrides({"selector.fisher": 1.0, "selector.fisher_windows": 8})
+    key = build_key(model, tok, docs, cfg, secret=SECRET, progress=False)
+    assert key.meta["stats"]["selector"]["fisher_nu"] > 0 == plain.meta["stats"]["selector"]["fisher_nu"]
+    g = input_gradients(model, tok, docs, tiny_config.states, n_windows=8).double()
+    fisher = g.T @ g / len(g)
+
+    def cost(k):  # tr(S F S^T) of the unrescaled shape: per unit of selector value on held states
+        s = k.selector.double()
+        return float(torch.trace(s @ fisher @ s.T) / torch.trace(s @ s.T))
+
+    assert cost(key) < cost(plain)
+
+
+def test_the_fisher_ridge_is_the_closed_form():
+    g = torch.Generator().manual_seed(0)
+    z, gz = torch.randn(200, 6, generator=g, dtype=torch.float64), torch.randn(40, 6, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 3, (200,), generator=g)
+    y = torch.nn.functional.one_hot(labels, 3).double()
+    expected = torch.linalg.solve(z.T @ z + 0.5 * torch.eye(6, dtype=torch.float64) + 2.0 * gz.T @ gz, z.T @ y).T
+    torch.testing.assert_close(ridge(z, labels, 3, 0.5, gz=gz, nu=2.0).double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ridge(z, labels, 3, 0.5, gz=gz, nu=0.0), ridge(z, labels, 3, 0.5))

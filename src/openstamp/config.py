@@ -83,6 +83,12 @@ class SelectorConfig:
     )
     consistency_cut: int = option(32, "tokens cut from the front of a window for the consistency penalty's states")
     consistency_windows: int = option(64, "windows run a second time, cut, for the consistency penalty")
+    fisher: float = option(
+        0.0,
+        "c: weight of the input-side Fisher penalty nu tr(S F S^T), F the input embeddings' empirical Fisher (a "
+        "re-tied release's unseen cost); nu = c tr(Z^T Z) / tr(M F), so at 1 it weighs as much as the states",
+    )
+    fisher_windows: int = option(32, "windows whose input-embedding gradients estimate F for the Fisher penalty")
     rescale: bool = option(True, "scale rows so the winning selector value averages 1 on its own cluster")
     heldout_fraction: float = option(0.1, "states held out to report accuracy and effective strength")
     kmeans_max_iter: int = option(100, "k-means iterations")
@@ -95,6 +101,7 @@ class SelectorConfig:
         check(self.ridge_lambda > 0, "selector.ridge_lambda must be > 0")
         check(self.shrinkage >= 0, "selector.shrinkage must be >= 0")
         check(self.consistency >= 0, "selector.consistency must be >= 0")
+        check(self.fisher >= 0 and self.fisher_windows >= 1, "selector.fisher must be >= 0, fisher_windows >= 1")
         check(self.consistency_cut >= 1 and self.consistency_windows >= 1, "selector.consistency_* must be >= 1")
         check(0 < self.heldout_fraction < 0.5, "selector.heldout_fraction must be in (0, 0.5)")
         check(self.kmeans in ("auto", "torch", "sklearn"), "selector.kmeans must be auto, torch or sklearn")

@@ -349,3 +349,34 @@ def context_deltas(
         for i, (w, c) in enumerate(zip(batch, cut_batch, strict=True)):
             rows.append(h[i, w.positions] - h_cut[i, c.positions])
     return torch.cat(rows)
+
+
+def input_gradients(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: StatesConfig,
+    n_windows: int,
+) -> torch.Tensor:
+    """Rows g_t of the input side's empirical Fisher F = mean_t g_t g_t^T: the gradient of a window's summed
+    next-token loss with respect to each input embedding, over the first ``n_windows`` windows ``collect_states``
+    plans (BOS rows left out).
+
+    A re-tied release moves token x's input embedding by dW[x]; to second order that costs 1/2 dW[x] F dW[x]^T of
+    loss, which the head's LLR does not see. Returns fp32 (M, d).
+    """
+    prefix = len(bos_prefix(tokenizer))
+    embed = model.get_input_embeddings()
+    device = next(model.parameters()).device
+    rows = []
+    for w in plan_windows(tokenizer, documents, cfg)[:n_windows]:
+        ids = torch.tensor([w.ids], device=device)
+        with torch.enable_grad():
+            inputs = embed(ids).detach().requires_grad_(True)
+            logits = model(inputs_embeds=inputs).logits[0, :-1].float()
+            loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
+            (grad,) = torch.autograd.grad(loss, inputs)
+        rows.append(grad[0, prefix:].float().cpu())
+    if not rows:
+        raise ValueError("no window to take input gradients from; the corpus is too small")
+    return torch.cat(rows)

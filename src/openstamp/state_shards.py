@@ -194,7 +194,8 @@ def fit_selector_streaming(
         "rescale_factor_max": float(factors.max()),
         "kmeans": method,
         "ridge_lambda": lam,
-        "consistency_mu": 0.0,  # the penalty needs states in memory: build_key refuses it with shards
+        "consistency_mu": 0.0,  # the penalties need states in memory: build_key refuses them with shards
+        "fisher_nu": 0.0,
     }
     return S, stats
 

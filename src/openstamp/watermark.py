@@ -21,7 +21,7 @@ from openstamp import __version__
 from openstamp.config import EmbedConfig
 from openstamp.corpus import Document, fingerprint, load_documents, split_documents
 from openstamp.embedder import encode_texts
-from openstamp.hidden import States, collect_states, context_deltas, final_hidden
+from openstamp.hidden import States, collect_states, context_deltas, final_hidden, input_gradients
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import new_secret
 from openstamp.key.projection import train_projection
@@ -133,16 +133,27 @@ def build_key(
         dh = context_deltas(model, tokenizer, documents, cfg.states, sel.consistency_cut, sel.consistency_windows)
         return dh if projection is None else dh @ projection.T
 
+    def input_side(projection: torch.Tensor | None) -> torch.Tensor | None:
+        """The Fisher penalty's projected input-embedding gradients, when it is on."""
+        if cfg.selector.fisher == 0:
+            return None
+        g = input_gradients(model, tokenizer, documents, cfg.states, cfg.selector.fisher_windows)
+        return g if projection is None else g @ projection.T
+
     with monitor.stage("selector"):
-        if sharded and cfg.selector.consistency > 0:
-            raise ValueError("selector.consistency needs states in memory; it does not run with --states-dir yet")
+        if sharded and (cfg.selector.consistency > 0 or cfg.selector.fisher > 0):
+            raise ValueError(
+                "selector.consistency and selector.fisher need states in memory; they do not run with --states-dir yet"
+            )
         if sharded:
             fit_device = "cuda" if torch.cuda.is_available() else "cpu"
             selector, selector_stats = fit_selector_streaming(states, train, held, projection, cfg.selector, fit_device)
             held_hidden = states.load(held[:_STRENGTH_STATES])
         else:
             z = states.hidden if projection is None else states.hidden @ projection.T
-            selector, selector_stats = fit_selector(z[train], z[held], cfg.selector, dz=state_deltas(projection))
+            selector, selector_stats = fit_selector(
+                z[train], z[held], cfg.selector, dz=state_deltas(projection), gz=input_side(projection)
+            )
             held_hidden = states.hidden[held]
     vocab_size = head(model).weight.shape[0]
     key = WatermarkKey(

@@ -23,20 +23,29 @@ def ridge(
     intercept: bool = False,
     dz: torch.Tensor | None = None,
     mu: float = 0.0,
+    gz: torch.Tensor | None = None,
+    nu: float = 0.0,
 ) -> torch.Tensor:
-    """Solve min_S sum_i ||S z_i - y_i||^2 + lam ||S||_F^2 + mu sum_j ||S dz_j||^2 in closed form (float64):
+    """Solve min_S sum_i ||S z_i - y_i||^2 + lam ||S||_F^2 + mu sum_j ||S dz_j||^2 + nu sum_k ||S gz_k||^2 in
+    closed form (float64):
 
-        S = Y^T Z (Z^T Z + lam I + mu dZ^T dZ)^-1
+        S = Y^T Z (Z^T Z + lam I + mu dZ^T dZ + nu gZ^T gZ)^-1
 
-    The last term is the context-consistency penalty: ``dz`` holds differences between a state computed on its
+    The third term is the context-consistency penalty: ``dz`` holds differences between a state computed on its
     full window and the same state computed with the window's first part cut, so S learns to select alike for
     both (what a prompt-free detector, which sees less context than the generator did, needs).
+
+    The last is the input-side Fisher penalty: ``gz`` holds input-embedding gradients (``hidden.input_gradients``),
+    so sum_k ||S gz_k||^2 = M tr(S F S^T). A re-tied key moves token x's input embedding by
+    dW[x] = delta (G[x] - c) S; over random keys E[dW[x] F dW[x]^T] = delta^2 gamma (1 - gamma) tr(S F S^T) to
+    first order, so this term prices the cost that the head's LLR does not see.
 
     Args:
         z: (N, d) inputs.
         labels: (N,) class ids in [0, n_classes).
         intercept: append a constant feature (analysis only: a weight patch has no bias).
         dz: (M, d) state differences, or None; ``mu`` weighs them (0: the plain ridge).
+        gz: (K, d) input-embedding gradients, or None; ``nu`` weighs them.
     Returns:
         S, (n_classes, d) or (n_classes, d + 1) with ``intercept``.
     """
@@ -50,12 +59,21 @@ def ridge(
         if intercept:
             raise ValueError("the consistency penalty takes no intercept")
         gram += mu * (dz.double().T @ dz.double())
+    if gz is not None and nu > 0:
+        if intercept:
+            raise ValueError("the Fisher penalty takes no intercept")
+        gram += nu * (gz.double().T @ gz.double())
     return torch.linalg.solve(gram, x.T @ y).T.float()
 
 
 def consistency_weight(cfg: SelectorConfig, n_fit: int, n_deltas: int) -> float:
     """mu = ``cfg.consistency`` * N / M: at 1, a state difference weighs as much as a fitted state."""
     return cfg.consistency * n_fit / max(n_deltas, 1)
+
+
+def fisher_weight(cfg: SelectorConfig, z: torch.Tensor, gz: torch.Tensor) -> float:
+    """nu = ``cfg.fisher`` * tr(Z^T Z) / tr(gZ^T gZ): at 1 the penalty's trace equals the states'."""
+    return cfg.fisher * float((z.double() ** 2).sum()) / max(float((gz.double() ** 2).sum()), 1e-30)
 
 
 def ridge_lambda(cfg: SelectorConfig, trace: float, width: int) -> float:
@@ -122,14 +140,20 @@ def accuracy(S: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def fit_selector(
-    z_train: torch.Tensor, z_heldout: torch.Tensor, cfg: SelectorConfig, dz: torch.Tensor | None = None
+    z_train: torch.Tensor,
+    z_heldout: torch.Tensor,
+    cfg: SelectorConfig,
+    dz: torch.Tensor | None = None,
+    gz: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """Cluster, drop small clusters, ridge-regress (with the consistency penalty when ``dz`` is given), rescale.
+    """Cluster, drop small clusters, ridge-regress (with the consistency penalty when ``dz`` is given, the Fisher
+    penalty when ``gz`` is), rescale.
 
     Args:
         z_train: (N, d) projected training states.
         z_heldout: (M, d) projected held-out states (for reporting only).
         dz: (K, d) projected state differences for the consistency penalty (``cfg.consistency``), or None.
+        gz: (K, d) projected input-embedding gradients for the Fisher penalty (``cfg.fisher``), or None.
     Returns:
         S with one row per kept cluster, (L_eff, d), and a stats dict.
     """
@@ -146,7 +170,8 @@ def fit_selector(
     z_fit, y_fit = z_train[in_kept], train_labels[in_kept]
     lam = ridge_lambda(cfg, float((z_fit.double() ** 2).sum()), z_fit.shape[1])
     mu = consistency_weight(cfg, len(z_fit), len(dz)) if dz is not None else 0.0
-    S = ridge(z_fit, y_fit, len(kept), lam, dz=dz, mu=mu)
+    nu = fisher_weight(cfg, z_fit, gz) if gz is not None else 0.0
+    S = ridge(z_fit, y_fit, len(kept), lam, dz=dz, mu=mu, gz=gz, nu=nu)
     factors = torch.ones(len(kept))
     if cfg.rescale:
         S, factors = rescale_rows(S, z_fit, y_fit)
@@ -166,5 +191,6 @@ def fit_selector(
         "kmeans": clusters.method,
         "ridge_lambda": lam,
         "consistency_mu": mu,
+        "fisher_nu": nu,
     }
     return S, stats
