@@ -26,6 +26,7 @@ class OpenStampConfig:
     projection: bool = option(True, "train P on sentence embeddings; False is the paper's 'w/o sem-align'")
     profile: str = option("default", "embedding profile for states, P and S")
     shrinkage: float = option(0.0, "selector shrinkage f: ridge lambda = f * tr(Z^T Z) / d (selector.shrinkage)")
+    centre: bool = option(False, "centre dW on its frequency-weighted mean row (green.centre)")
     min_tokens: int = option(16, "texts with fewer scored tokens get no score")
 
 
@@ -48,7 +49,7 @@ class OpenStamp(WatermarkMethod):
     strength = "delta"
     sweep = (0.3, 0.6, 0.9, 1.2)
     key_fields = ("key",)
-    added_settings = {"shrinkage": 0.0}  # keys built before the field existed fitted S without shrinkage
+    added_settings = {"shrinkage": 0.0, "centre": False}  # keys built before these fields: unshrunk, uncentred
     score_is_llr = True
     key: WatermarkKey
     _last: tuple | None = None  # (weak ref to base, key, config, detector): the last detector made
@@ -61,6 +62,7 @@ class OpenStamp(WatermarkMethod):
                 "selector.n_lists": self.config.n_lists,
                 "selector.shrinkage": self.config.shrinkage,
                 "projection.enabled": self.config.projection,
+                "green.centre": self.config.centre,
                 "states.seed": seed,
                 "selector.seed": seed,
                 "projection.seed": seed,
