@@ -4,12 +4,21 @@
 
 One secret and one set of hidden states serve every variant, so the variants differ only in what they change:
 
-* ``plain``: the default profile's key (P, ridge S, re-tied release);
-* ``centred``: the same key with ``green.centre`` (dW's frequency-weighted mean row removed);
-* ``consistency``: S fitted with the context-consistency penalty (``selector.consistency`` 1);
+A variant is named by dash-joined parts, each changing one setting of the profile:
+
+* ``plain``: the profile's key as it is (P, ridge S, re-tied release);
 * ``raw``: S fitted on raw final hidden states, P = I (as the authors' code does);
-* ``raw-centred``: both;
-* ``raw-centred-consistency``: the three together.
+* ``centred``: ``green.centre`` (dW's frequency-weighted mean row removed);
+* ``consistency``: S fitted with the context-consistency penalty (``selector.consistency`` 1);
+* ``f<x>``: ridge shrinkage ``selector.shrinkage`` x;
+* ``g<x>``: green fraction ``green.gamma`` x;
+* ``L<n>``: ``selector.n_lists`` n;
+* ``c<x>``: the consistency penalty's weight ``selector.consistency`` x;
+* ``F<x>``: the input-side Fisher penalty's weight ``selector.fisher`` x.
+
+For example ``raw-centred-f8-g0.1``. ``--keys K`` measures K keys, each with its own secret (S and P do not depend
+on the secret, so they are fitted once); ``--split tune`` uses the first ``n`` held-out prompts and ``--split test``
+the next ``n``, so settings chosen on one are reported on the other.
 
 For each variant and delta the script watermarks the packaged model (re-tied), samples ``n`` completions of
 ``tokens`` tokens from held-out prompts, and detects them without their prompts; it scores the human continuations
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import sys
 import time
@@ -49,37 +59,70 @@ from openstamp.tune import TuneConfig, heldout_pairs  # noqa: E402
 from openstamp.watermark import build_key, versions  # noqa: E402
 
 SECRET = bytes(range(32))
-VARIANTS = {  # name -> (profile overrides, centre)
+PARTS = {  # flag parts -> (profile overrides, centre)
     "plain": ({}, False),
+    "raw": ({"projection.enabled": False}, False),
     "centred": ({}, True),
     "consistency": ({"selector.consistency": 1.0}, False),
-    "raw": ({"projection.enabled": False}, False),
-    "raw-centred": ({"projection.enabled": False}, True),
-    "raw-centred-consistency": ({"projection.enabled": False, "selector.consistency": 1.0}, True),
+}
+NUMBERED = {
+    "f": ("selector.shrinkage", float),
+    "g": ("green.gamma", float),
+    "L": ("selector.n_lists", int),
+    "c": ("selector.consistency", float),
+    "F": ("selector.fisher", float),
 }
 
 
-def keys(model, tok, documents, names, profile, progress):
-    """Each named variant's key, from one secret and one set of states (P and S refitted where they differ)."""
+def parse_variant(name: str) -> tuple[dict, bool]:
+    """``raw-centred-f8`` -> ({"projection.enabled": False, "selector.shrinkage": 8.0}, True)."""
+    overrides, centre = {}, False
+    for part in name.split("-"):
+        if part in PARTS:
+            more, flag = PARTS[part]
+            overrides.update(more)
+            centre = centre or flag
+        elif part[:1] in NUMBERED and part[1:]:
+            setting, kind = NUMBERED[part[:1]]
+            try:
+                overrides[setting] = kind(part[1:])
+            except ValueError:
+                raise ValueError(f"variant {name!r}: {part!r} needs a number after {part[:1]!r}") from None
+        else:
+            numbered = ", ".join(f"{k}<x>" for k in NUMBERED)
+            raise ValueError(f"variant {name!r}: unknown part {part!r}; use {sorted(PARTS)} or {numbered}")
+    return overrides, centre
+
+
+def secret(index: int) -> bytes:
+    """Key 0 is the tune split's fixed secret; key j > 0 a fresh one, derived from j."""
+    return SECRET if index == 0 else hashlib.sha256(b"openstamp/key-variants/" + index.to_bytes(4, "little")).digest()
+
+
+def keys(model, tok, documents, names, profile, key_ids, progress):
+    """(variant, key index) -> key, from one set of states (P and S refitted only where their settings differ)."""
     cfg = load_profile(profile)
     states = collect_states(model, tok, documents, cfg.states, progress)
-    built, out = {}, {}
     weights = token_frequencies(tok, documents, model.get_output_embeddings().weight.shape[0])
+    fitted, out = {}, {}
     for name in names:
-        overrides, centre = VARIANTS[name]
-        fit = tuple(sorted(overrides.items()))
-        if fit not in built:
-            built[fit] = build_key(
-                model, tok, documents, cfg.with_overrides(dict(overrides)), secret=SECRET, states=states,
-                progress=progress,
-            )  # fmt: skip
-        key = built[fit]
-        out[name] = dataclasses.replace(key, centring=key.green_float.T @ weights) if centre else key
+        overrides, centre = parse_variant(name)
+        variant_cfg = cfg.with_overrides(dict(overrides))
+        fit = tuple(sorted((k, v) for k, v in overrides.items() if not k.startswith("green.")))
+        for index in key_ids:
+            if fit not in fitted:
+                fitted[fit] = build_key(model, tok, documents, variant_cfg, secret=secret(index), states=states,
+                                        progress=progress)  # fmt: skip
+            key = dataclasses.replace(
+                fitted[fit], secret=secret(index), gamma=variant_cfg.green.gamma, centring=None, meta={}
+            )
+            out[name, index] = dataclasses.replace(key, centring=key.green_float.T @ weights) if centre else key
     return out
 
 
-def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, progress) -> dict:
-    """TPR, own-PPL change and the LLR decomposition of ``key`` at ``delta`` (the model is left as it was)."""
+def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progress) -> dict:
+    """TPR, own-PPL change and the LLR decomposition of ``key`` at ``delta`` (the model is left as it was); TPR also
+    with the first k tokens of each text skipped, for each k in ``skips`` (0 is always measured)."""
     key = dataclasses.replace(key, delta=delta)
     bos = bos_prefix(tok)
     human = [h for _, h in pairs]
@@ -92,11 +135,19 @@ def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, progress) -> 
         nll = window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=tune_cfg.batch_size)
     finally:
         revert_watermark(model, key)
-    detector = Detector(model, tok, key, DetectConfig(alpha=tune_cfg.fpr))
-    wm = detector.detect(tok.batch_decode(ids, skip_special_tokens=True))
-    hu = detector.detect(tok.batch_decode(human, skip_special_tokens=True))
-    hits = sum(r.p_value is not None and r.p_value <= tune_cfg.fpr for r in wm)
-    false = sum(r.p_value is not None and r.p_value <= tune_cfg.fpr for r in hu)
+    wm_texts = tok.batch_decode(ids, skip_special_tokens=True)
+    hu_texts = tok.batch_decode(human, skip_special_tokens=True)
+    detector, by_skip = Detector(model, tok, key, DetectConfig(alpha=tune_cfg.fpr)), {}
+    for skip in skips:  # one detector (one watermarked copy), its config changed per k
+        detector.config = dataclasses.replace(detector.config, skip_tokens=skip)
+        results = detector.detect(wm_texts), detector.detect(hu_texts)
+        hits, false = (sum(r.p_value is not None and r.p_value <= tune_cfg.fpr for r in rs) for rs in results)
+        by_skip[skip] = {"tpr": hits / len(wm_texts), "tpr_ci": clopper_pearson(hits, len(wm_texts)),
+                         "human_fpr": false / len(hu_texts), "results": results}  # fmt: skip
+    wm, hu = by_skip[0].pop("results")
+    hits, false = round(by_skip[0]["tpr"] * len(wm)), round(by_skip[0]["human_fpr"] * len(hu))
+    for value in by_skip.values():
+        value.pop("results", None)
     wm_scores = [r.score for r in wm if r.score is not None]  # a too-short text has no score
     hu_scores = [r.score for r in hu if r.score is not None]
     change = perplexity(nll) / perplexity(original_nll) - 1
@@ -110,6 +161,7 @@ def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, progress) -> 
         "scored": [len(wm_scores), len(hu_scores)],
         "mean_llr_watermarked": sum(wm_scores) / len(wm_scores),
         "mean_llr_human": sum(hu_scores) / len(hu_scores),
+        "by_skip": {str(k): v for k, v in by_skip.items()},
         **budget,
     }
 
@@ -120,6 +172,10 @@ def main() -> None:
     parser.add_argument("--corpus", default="wikipedia")
     parser.add_argument("--profile", default="default")
     parser.add_argument("--variants", default="plain,centred,consistency,raw,raw-centred")
+    parser.add_argument("--keys", type=int, default=1, help="keys per variant (key 0 is the fixed tune secret)")
+    parser.add_argument("--first-key", type=int, default=0, help="index of the first key (1: fresh keys only)")
+    parser.add_argument("--split", choices=("tune", "test"), default="tune")
+    parser.add_argument("--skips", default="0", help="TPR also with the first k tokens unscored, for each k")
     parser.add_argument("--deltas", default="0.5,1")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--n", type=int, default=64)
@@ -127,11 +183,15 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(names) - set(VARIANTS))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    for name in names:
+        try:
+            parse_variant(name)
+        except ValueError as err:
+            parser.error(str(err))
+    key_ids = range(args.first_key, args.first_key + args.keys)
+    skips = sorted({0, *(int(k) for k in args.skips.split(","))})
     deltas = [float(d) for d in args.deltas.split(",")]
-    settings = {k: str(v) for k, v in vars(args).items() if k != "quiet"}
+    settings = {k: str(v) for k, v in vars(args).items() if k not in ("quiet", "out")}
     record = read_json(args.out, "results") if args.out.exists() else {}
     if record.get("settings") != settings:
         record = {"settings": settings, "versions": versions(), "points": {}}
@@ -139,26 +199,29 @@ def main() -> None:
     docs = load_documents(args.corpus)
     train, held = split_documents(docs, "key"), split_documents(docs, "heldout")
     tune_cfg = TuneConfig(tokens=args.tokens, n=args.n, fpr=0.01, batch_size=16)
-    pairs = heldout_pairs(tok, held, tune_cfg)
+    pairs = heldout_pairs(tok, held, dataclasses.replace(tune_cfg, n=2 * args.n))
+    pairs = pairs[: args.n] if args.split == "tune" else pairs[args.n :]
     bos = bos_prefix(tok)
     original_nll = window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=tune_cfg.batch_size)
     start = time.time()
-    variant_keys = keys(model, tok, train, names, args.profile, not args.quiet)
+    variant_keys = keys(model, tok, train, names, args.profile, key_ids, not args.quiet)
     record["key_seconds"] = time.time() - start
     for name in names:
-        for delta in deltas:
-            label = f"{name}@{delta:g}"
-            if label in record["points"]:
-                continue
-            t0 = time.time()
-            point = measure(model, tok, variant_keys[name], delta, pairs, tune_cfg, original_nll, not args.quiet)
-            record["points"][label] = {"variant": name, **point, "seconds": time.time() - t0}
-            atomic_write_json(args.out, record)
-            print(
-                f"{label:>18}: TPR {point['tpr']:.3f}  own PPL {point['own_ppl_change']:+.1%}  "
-                f"seen {fmt(point['seen'])}  signal {fmt(point['signal'])}  spread {fmt(point['spread'])}",
-                flush=True,
-            )
+        for index in key_ids:
+            for delta in deltas:
+                label = f"{name}@{delta:g}" + (f"#k{index}" if index else "")
+                if label in record["points"]:
+                    continue
+                t0 = time.time()
+                key = variant_keys[name, index]
+                point = measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, not args.quiet)
+                record["points"][label] = {"variant": name, "key": index, **point, "seconds": time.time() - t0}
+                atomic_write_json(args.out, record)
+                print(
+                    f"{label:>24}: TPR {point['tpr']:.3f}  own PPL {point['own_ppl_change']:+.1%}  "
+                    f"seen {fmt(point['seen'])}  signal {fmt(point['signal'])}  spread {fmt(point['spread'])}",
+                    flush=True,
+                )
     print(f"wrote {args.out}")
 
 
