@@ -108,6 +108,7 @@ def test_cli_embed_and_its_errors(tiny_model_dir, corpus_file, tmp_path):
     assert result.exit_code == 0, result.output
     header = json.loads((tmp_path / "k" / "key.json").read_text())
     assert header["delta"] == 2.0 and header["n_lists"] <= 6 and not header["projection"]
+    assert header["config"]["profile"] == "small"  # a key records the profile its settings started from
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "already exists" in again.output
     bad = runner.invoke(app, ["embed", "--model", "nope", "--out", str(tmp_path / "x"), "--key", str(tmp_path / "y")])

@@ -211,3 +211,31 @@ def test_a_centred_key_round_trips_with_its_own_id_and_format(tmp_path):
     key.save(tmp_path / "plain")  # an uncentred key keeps format 2, which earlier versions read
     assert json.loads((tmp_path / "plain" / "key.json").read_text())["format"] == 2
     assert WatermarkKey.load(tmp_path / "plain").centring is None
+
+
+def test_a_key_written_by_version_0_1_0_still_loads_and_detects(tokenizer):
+    """tests/data/key-0.1.0 was written by openstamp 0.1.0 (commit 2c9ae76, before the default profile changed):
+    build_key on conftest's tied tiny model (seed 0, the ``small`` profile cut down as in ``tiny_config``, secret
+    42 * 32 bytes, delta 2), with a seeded orthogonal P set by hand so the file holds a projection as the old
+    default keys did, then save."""
+    from conftest import make_model
+
+    from openstamp.config import DetectConfig
+    from openstamp.detect import Detector
+    from openstamp.generate import sample_completions
+    from openstamp.patch import apply_watermark
+
+    key = WatermarkKey.load(os.path.join(os.path.dirname(__file__), "data", "key-0.1.0"))
+    header = json.loads(open(os.path.join(os.path.dirname(__file__), "data", "key-0.1.0", "key.json")).read())
+    assert key.key_id == header["key_id"] and key.projection is not None and key.centring is None
+    assert key.meta["config"]["profile"] == "small" and header["format"] == 2
+    base = make_model(True, vocab_size=len(tokenizer) + 12)
+    released = make_model(True, vocab_size=len(tokenizer) + 12)
+    apply_watermark(released, key)  # the recorded fingerprint is this model's head: check_key passes
+    prompts = [[5 + i, 9, 12, 30 + i] for i in range(12)]
+    wm = sample_completions(released, tokenizer, prompts, 40, seed=0, progress=False)
+    plain = sample_completions(base, tokenizer, prompts, 40, seed=0, progress=False)
+    detector = Detector(released, tokenizer, key, DetectConfig(min_tokens=8))
+    wm_scores = [r.score for r in detector.detect(wm)]
+    plain_scores = [r.score for r in detector.detect(plain)]
+    assert sum(wm_scores) / len(wm_scores) > sum(plain_scores) / len(plain_scores) + 0.2

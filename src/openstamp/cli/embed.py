@@ -67,7 +67,9 @@ def embed(
         "wikipedia", help="wikipedia, news, a .txt/.jsonl file or folder, or hf:name[:config]:split:field"
     ),
     corpus_part: str = typer.Option("key", help="documents to use: the 'key' half of the hash split, or 'all'"),
-    profile: str = typer.Option("default", help="settings profile: default (CPU, minutes), paper, small"),
+    profile: str = typer.Option(
+        "default", help="settings profile: default (CPU, minutes), projected (0.1.0's default, with P), paper, small"
+    ),
     config: Path | None = typer.Option(None, help="JSON file of settings (sections states/projection/selector/green)"),
     gamma: float | None = typer.Option(None, help="green-list fraction"),
     delta: str | None = typer.Option(

@@ -25,7 +25,9 @@ def tune(
     out: Path | None = typer.Option(None, "--out", "-o", help="also write the watermarked checkpoint here"),
     model: str = ModelOption,
     corpus: str = typer.Option("wikipedia", help="key corpus; its held-out half gives the tuning prompts"),
-    profile: str = typer.Option("default", help="settings profile: default, paper, small"),
+    profile: str = typer.Option(
+        "default", help="settings profile: default, projected (0.1.0's default, with P), paper, small"
+    ),
     target_tpr: float = typer.Option(0.99, help="fraction of watermarked texts that must be flagged"),
     tokens: int = typer.Option(200, help="new tokens per text: the length detection must work at"),
     fpr: float = typer.Option(0.01, help="flag at p-value <= this false-positive rate"),
