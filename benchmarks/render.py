@@ -16,8 +16,17 @@ from functools import partial
 from pathlib import Path
 
 from attack_tables import durability, durability_cost, paraphrase
-from common import COST, RESULTS, TPR, kept_variants, pct, rate, read, table
-from product_tables import calibration_lengths, chat, key_variants, multikey, offset_size, speed_by_model
+from common import COST, RESULTS, TPR, default_method, kept_variants, pct, rate, read, table
+from product_tables import (
+    calibration_lengths,
+    chat,
+    fresh_keys,
+    key_variants,
+    multikey,
+    offset_size,
+    skipped_tokens,
+    speed_by_model,
+)
 
 from openstamp.lab.evaluation.pareto import at_equal_cost
 from openstamp.lab.evaluation.report import equal_cost_table
@@ -50,13 +59,18 @@ def equal_cost(root: Path) -> list[str]:
 
 def glance(root: Path) -> list[str]:
     """The README's table: per method of the sweep, TPR at +10% own PPL and the own PPL change for TPR 0.95."""
-    r = sweep(root, variants=False)
+    r = sweep(root)
+    methods = list(dict.fromkeys(s["method"] for s in r["summary"]))
+    default = default_method(methods)
     rows = []
-    for method in dict.fromkeys(s["method"] for s in r["summary"]):
+    for method in methods:
+        if "(" in method and method != default:  # of the kept variants, only the default's
+            continue
         read_ = at_equal_cost(r["summary"], method, COST, (0.10,), 0.95)
         reach, curve = read_["cost"][0], read_["curve"]
         needed = pct(reach) if reach is not None else f"above {pct(curve[-1][0])}"
-        rows.append((reach if reach is not None else float("inf"), [method, rate(read_["tpr"][0][0]), needed]))
+        name = f"**{method}: the default key**" if method == default else method
+        rows.append((reach if reach is not None else float("inf"), [name, rate(read_["tpr"][0][0]), needed]))
     header = ["method", f"TPR@1%FPR at +10% own PPL ({r['config']['new_tokens']} tokens)", "own PPL change for 0.95"]
     return table(header, [row for _, row in sorted(rows, key=lambda x: x[0])])
 
@@ -127,12 +141,12 @@ SOURCES = {
 }
 
 
-def fpr_per_key(root: Path) -> list[str]:
+def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
     rows = []
-    for name, src in read(root / "fpr_per_key.json")["sources"].items():
+    for source, src in read(root / f"{name}.json")["sources"].items():
         for alpha, f in src["exact_m"].items():
             rows.append(
-                [SOURCES.get(name, name), alpha, f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}"]
+                [SOURCES.get(source, source), alpha, f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}"]
                 + [f"{f['keys_with_estimate_in_band']}/{f['n_keys']}", str(f["keys_above_band_significantly"])]
                 + [f"{f['dispersion_p']:.3f}"]
             )
@@ -165,10 +179,12 @@ TABLES = {
     "budget": budget,
     "lengths": lengths,
     "fpr_per_key": fpr_per_key,
+    "fpr_per_key_default": partial(fpr_per_key, name="fpr_per_key_default"),
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
     "durability_cost_12": partial(durability_cost, cost=0.12),
     "tune": partial(tune, name="tune"),
+    "tune_default": partial(tune, name="tune_default"),
     "llr_split": llr_split,
     "chat": chat,
     "speed_by_model": speed_by_model,
@@ -176,6 +192,8 @@ TABLES = {
     "multikey": multikey,
     "calibration_lengths": calibration_lengths,
     "key_variants": key_variants,
+    "skipped_tokens": skipped_tokens,
+    "fresh_keys": fresh_keys,
 }
 
 
