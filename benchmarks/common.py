@@ -114,19 +114,32 @@ VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/<method>-f<f>/: an OpenSt
 
 def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str]]:
     """Each kept variant of an OpenStamp method beside the sweep ``r`` (folder/../VARIANTS/*/results.json): its
-    folder, its results, its method, its name '<method> (shrinkage f)', and why it does not match the sweep's seeds,
-    prompts and human text ('' where it does)."""
+    folder, its results, its method, its name '<method> (shrinkage f[, centred])', and why it does not match the
+    sweep's seeds, prompts and human text ('' where it does)."""
     from openstamp.lab.evaluation.shards import mismatch
 
     out = []
     for path in sorted((folder.parent / VARIANTS).glob("*/results.json")):
         v = json.loads(path.read_text())
         method = v["config"]["methods"][0]
-        name = f"{method} (shrinkage {v['config']['method_settings'][method]['shrinkage']:g})"
+        settings = v["config"]["method_settings"][method]
+        name = f"{method} (shrinkage {settings['shrinkage']:g}" + (", centred)" if settings.get("centre") else ")")
         same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
         why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
         out.append((path.parent, v, method, name, why))
     return out
+
+
+def default_method(methods: list[str]) -> str | None:
+    """The sweep's name for the key ``openstamp embed`` builds by default (its kept variant, or a plain method)."""
+    from openstamp.config import load_profile
+
+    cfg = load_profile("default")
+    base = "openstamp" if cfg.projection.enabled else "openstamp-nosem"
+    if cfg.selector.shrinkage == 0 and not cfg.green.centre:
+        return base if base in methods else None
+    name = f"{base} (shrinkage {cfg.selector.shrinkage:g}" + (", centred)" if cfg.green.centre else ")")
+    return name if name in methods else None
 
 
 # -- markdown tables from results JSON (benchmarks/render.py)

@@ -67,11 +67,53 @@ def key_variants(root: Path) -> list[str]:
     points = [p for path in sorted(root.glob("key_variants*.json")) for p in read(path)["points"].values()]
     rows = []
     for p in points:
+        if p.get("key", 0):  # fresh keys (the test split): fresh_keys' table
+            continue
         low, high = p["tpr_ci"]
         split = [rate(p.get(k)) if p.get(k) is not None else "-" for k in ("seen", "signal", "spread", "efficiency")]
         rows.append([p["variant"], f"{p['delta']:g}", f"{rate(p['tpr'])} [{low:.2f}, {high:.2f}]",
                      pct(p["own_ppl_change"]), *split])  # fmt: skip
     header = ["variant", "delta", "TPR@1%FPR [95% CI]", "own PPL change", "seen", "signal", "spread", "efficiency"]
+    return table(header, rows)
+
+
+def skipped_tokens(root: Path) -> list[str]:
+    """TPR with the first k tokens of each text left unscored (key_variants*.json points that measured skips)."""
+    points = [p for path in sorted(root.glob("key_variants*.json")) for p in read(path)["points"].values()]
+    points = [p for p in points if len(p.get("by_skip", {})) > 1 and not p.get("key", 0)]
+    skips = sorted({int(k) for p in points for k in p["by_skip"]})
+    rows = [[p["variant"], f"{p['delta']:g}", pct(p["own_ppl_change"])]
+            + [rate(p["by_skip"][str(k)]["tpr"]) if str(k) in p["by_skip"] else "-" for k in skips]
+            for p in points]  # fmt: skip
+    return table(["variant", "delta", "own PPL change", *(f"TPR, first {k} skipped" for k in skips)], rows)
+
+
+def fresh_keys(root: Path, cost: float = 0.10) -> list[str]:
+    """Each variant on fresh keys (the test split): per key, TPR read at ``cost`` own PPL off its line through its
+    strengths, then the mean over keys with a t interval; the decomposition's mean over keys and strengths
+    (key_variants_fresh_keys.json)."""
+    from scipy.stats import t as student
+
+    r = read(root / "key_variants_fresh_keys.json")
+    by = {}
+    for p in r["points"].values():
+        by.setdefault(p["variant"], {}).setdefault(p["key"], []).append(p)
+    rows = []
+    for variant, keys in by.items():
+        at = []
+        for points in keys.values():
+            (c0, y0), (c1, y1) = sorted((q["own_ppl_change"], q["tpr"]) for q in points)[:2]
+            at.append(y0 + (y1 - y0) * (cost - c0) / (c1 - c0))
+        n, mean = len(at), sum(at) / len(at)
+        sd = (sum((a - mean) ** 2 for a in at) / (n - 1)) ** 0.5 if n > 1 else float("nan")
+        half = student.ppf(0.975, n - 1) * sd / n**0.5 if n > 1 else float("nan")
+        every = [q for points in keys.values() for q in points]
+        split = [rate(sum(q[k] for q in every) / len(every)) for k in ("seen", "signal", "spread", "efficiency")]
+        deltas = "/".join(f"{d:g}" for d in sorted({q["delta"] for q in every}))
+        rows.append([variant, str(n), deltas, f"{rate(mean)} [{mean - half:.3f}, {mean + half:.3f}]",
+                     f"{min(at):.3f}-{max(at):.3f}", *split])  # fmt: skip
+    header = ["variant", "keys", "deltas", f"TPR at {pct(cost)} own PPL, mean [95% CI over keys]", "range over keys",
+              "seen", "signal", "spread", "efficiency"]  # fmt: skip
     return table(header, rows)
 
 

@@ -101,13 +101,17 @@ shrinkage() {
   # one seed. About 15 min a seed on 2 cores. Shrinkage raises the cost of a delta (OpenStamp's seed 0 at f 4: +5.8%
   # own PPL at 0.25, +25% at 0.5, +68% at 0.75, against +2.9%, +12% and +31% unshrunk), so its grid stops at 0.5 to
   # cover the baselines' cost range (their costliest +26..+40%)
+  # SHRINK_CENTRE=1 also centres dW (green.centre; the folder gets -centred)
   local m=${SHRINK_METHOD:-openstamp} f=${SHRINK_F:-4} all=(0 1 2) grid=${SHRINK_GRID:-0.125, 0.25, 0.375, 0.5}
-  local K=benchmarks/results/shrinkage/$m-f$f
+  local centre=false tag=""
+  if [ "${SHRINK_CENTRE:-0}" = 1 ]; then centre=true tag=-centred; fi
+  local K=benchmarks/results/shrinkage/$m-f$f$tag
   for seed in ${SHRINK_SEEDS:-${all[@]}}; do
     [ ! -f $K/seeds/s$seed/results.json ] || continue
-    local R=runs/shrink-$m-f$f-s$seed
+    local R=runs/shrink-$m-f$f$tag-s$seed
     $OPENSTAMP eval "${SWEEP[@]}" --methods $m --set "grids={\"$m\": [$grid]}" \
-      --set "method_settings={\"$m\": {\"shrinkage\": $f}}" --seeds $seed --store $R-store --out $R
+      --set "method_settings={\"$m\": {\"shrinkage\": $f, \"centre\": $centre}}" --seeds $seed --store $R-store \
+      --out $R
     mkdir -p $K/seeds/s$seed
     cp $R/results.json $R/report.md $K/seeds/s$seed/
   done
@@ -116,8 +120,9 @@ shrinkage() {
     [ -f $K/seeds/s$seed/results.json ] || return 0
     kept+=($K/seeds/s$seed/results.json)
   done
-  $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink-$m-f$f-merged
-  cp runs/shrink-$m-f$f-merged/results.json runs/shrink-$m-f$f-merged/report.md runs/shrink-$m-f$f-merged/*.png $K/
+  $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink-$m-f$f$tag-merged
+  cp runs/shrink-$m-f$f$tag-merged/results.json runs/shrink-$m-f$f$tag-merged/report.md \
+    runs/shrink-$m-f$f$tag-merged/*.png $K/
 }
 
 keep_eval() {
@@ -295,14 +300,27 @@ durability_default() {
 
 frontier() {
   # the Pareto sweep (7 methods x 4 strengths x 3 seeds), OpenStamp and its no-projection ablation with selector
-  # shrinkage SHRINK_F (default 4) on the same prompts and seeds, then each point against the second-order ceiling
+  # shrinkage SHRINK_F (default 4) on the same prompts and seeds, the default key of 0.2.0 (no projection, shrinkage 4,
+  # centred) likewise, then each point against the second-order ceiling
   sweep
   for m in openstamp openstamp-nosem; do SHRINK_METHOD=$m shrinkage; done
+  SHRINK_METHOD=openstamp-nosem SHRINK_CENTRE=1 shrinkage
   $PY benchmarks/frontier/detection_budget.py
-  # the key variants against the default key at the same strengths (one secret, one set of states, 64 prompts)
-  $PY benchmarks/frontier/key_variants.py --variants plain,centred,consistency,raw,raw-centred
-  $PY benchmarks/frontier/key_variants.py --variants raw-centred-consistency \
-    --out benchmarks/results/key_variants_combined.json
+  # the key variants against 0.1.0's default key (the projected profile) on the tune split (one secret, one set of
+  # states, the first 64 held-out prompts): the causes, then shrinkage (with skipped first tokens), a sharper bias and
+  # the two penalties
+  local V="$PY benchmarks/frontier/key_variants.py --profile projected"
+  $V --variants plain,centred,consistency,raw,raw-centred
+  $V --variants raw-centred-consistency --out benchmarks/results/key_variants_combined.json
+  $V --variants raw-centred-f4,raw-centred-f8,raw-centred-f16,raw-centred-f32 --deltas 0.25,0.35 --skips 4,8,16 \
+    --out benchmarks/results/key_variants_shrinkage.json
+  $V --variants raw-centred-f4-g0.1,raw-centred-f4-L32 --deltas 0.35,0.5 --out benchmarks/results/key_variants_sharper.json
+  $V --variants raw-centred-f4-c0.1,raw-centred-f4-c0.3,raw-centred-f4-F1,raw-centred-f4-F10 --deltas 0.35 \
+    --out benchmarks/results/key_variants_penalties.json
+  # the chosen default against 0.1.0's on 5 fresh keys and the next 64 prompts (the test split)
+  $V --variants plain,raw-centred-f4 --deltas 0.35,0.5 --split test --keys 5 --first-key 1 \
+    --out benchmarks/results/key_variants_fresh_keys.json
+  $PY benchmarks/frontier/frontier_plot.py
 }
 lengths() {
   # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,
@@ -375,9 +393,11 @@ settings() {
   # the strength `openstamp tune` chooses (and with selector shrinkage SHRINK_F), what each strength costs in own
   # perplexity and lm-eval accuracy, and the paper's analyses: green lists against L, gamma and delta, prompt
   # independence, and the LLR detector on Unremovable and GaussMark
-  tune_key runs/tune/key tune
+  tune_key runs/tune/key tune --profile projected
   local f=${SHRINK_F:-4}
-  tune_key runs/tune-shrink$f/key tune_shrinkage --set selector.shrinkage=$f
+  tune_key runs/tune-shrink$f/key tune_shrinkage --profile projected --set selector.shrinkage=$f
+  # the default profile's delta: the smallest that flags 99% of 200-token texts at p <= 0.01 (64 prompts)
+  tune_key runs/tune-default/key tune_default --target-tpr 0.99 --tokens 200 --n 64 --low 0.125
   local C=runs/eval-cost
   $OPENSTAMP eval --model smollm2-135m --methods openstamp --sweep --set 'grids={"openstamp": [0.25, 0.5, 0.75, 1.0]}' \
     --n 32 --new-tokens 64 --oracle none --set downstream=local --set downstream_limit=100 --set lengths=16,32 --out $C
