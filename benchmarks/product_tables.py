@@ -73,7 +73,8 @@ def key_variants(root: Path) -> list[str]:
         split = [rate(p.get(k)) if p.get(k) is not None else "-" for k in ("seen", "signal", "spread", "efficiency")]
         rows.append([p["variant"], f"{p['delta']:g}", f"{rate(p['tpr'])} [{low:.2f}, {high:.2f}]",
                      pct(p["own_ppl_change"]), *split])  # fmt: skip
-    header = ["variant", "delta", "TPR@1%FPR [95% CI]", "own PPL change", "seen", "signal", "spread", "efficiency"]
+    header = ["variant", "delta", "TPR at p <= 0.01 [95% CI]", "own PPL change"]
+    header += ["seen", "signal", "spread", "efficiency"]
     return table(header, rows)
 
 
