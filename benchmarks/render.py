@@ -62,6 +62,7 @@ def glance(root: Path) -> list[str]:
     r = sweep(root)
     methods = list(dict.fromkeys(s["method"] for s in r["summary"]))
     default = default_method(methods)
+    labels = {default: f"**the default key**: {default}", "openstamp": "openstamp (projected: 0.1.0's default)"}
     rows = []
     for method in methods:
         if "(" in method and method != default:  # of the kept variants, only the default's
@@ -69,7 +70,7 @@ def glance(root: Path) -> list[str]:
         read_ = at_equal_cost(r["summary"], method, COST, (0.10,), 0.95)
         reach, curve = read_["cost"][0], read_["curve"]
         needed = pct(reach) if reach is not None else f"above {pct(curve[-1][0])}"
-        name = f"**{method}: the default key**" if method == default else method
+        name = labels.get(method, method)
         rows.append((reach if reach is not None else float("inf"), [name, rate(read_["tpr"][0][0]), needed]))
     header = ["method", f"TPR@1%FPR at +10% own PPL ({r['config']['new_tokens']} tokens)", "own PPL change for 0.95"]
     return table(header, [row for _, row in sorted(rows, key=lambda x: x[0])])
@@ -97,12 +98,16 @@ def budget(root: Path) -> list[str]:
 
 
 def llr_split(root: Path) -> list[str]:
-    """Where a mean-LLR score's separation goes, per method and strength (detection_budget.json)."""
+    """Where a mean-LLR score's separation goes, per method and strength (detection_budget.json): the sweep's
+    methods and, of the kept variants, the default key's."""
+    points = read(root / "detection_budget.json")["points"]
+    default = default_method(list(dict.fromkeys(p["method"] for p in points)))
     rows = [
         [p["method"], f"{p['strength']:g}", pct(p["own_ppl_change"])]
         + [f"{p['llr_budget'][k]:.2f}" for k in ("seen", "signal", "spread", "efficiency")]
-        for p in read(root / "detection_budget.json")["points"]
-        if (p.get("llr_budget") or {}).get("seen") is not None and "(shrinkage" not in p["method"]
+        for p in points
+        if (p.get("llr_budget") or {}).get("seen") is not None
+        and ("(shrinkage" not in p["method"] or p["method"] == default)
     ]
     return table(["method", "strength", "own PPL change", "seen", "signal", "spread", "efficiency"], rows)
 

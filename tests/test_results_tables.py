@@ -37,7 +37,9 @@ def test_docs_tables_match_the_committed_json(render):
 
 def test_headline_figures_are_rendered_from_the_sweep(render):
     rows = {row.split(" | ")[0][2:]: row for row in render.glance(RESULTS)[2:]}
-    assert rows["openstamp"] == "| openstamp | 0.419 | +42.8% |"
+    assert rows["openstamp (projected: 0.1.0's default)"].endswith(" | 0.419 | +42.8% |")
+    default = [row for name, row in rows.items() if name.startswith("**the default key**")]
+    assert len(default) == 1  # the default profile's kept sweep variant, named once
     assert rows["kgw-llr"] == "| kgw-llr | 0.769 | +17.5% |"
     assert render.budget(RESULTS)[2].startswith("| second-order ceiling | 1.00 | +13.1% | 83 |")
 

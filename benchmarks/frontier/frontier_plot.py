@@ -5,7 +5,8 @@
 Each method's curve is the Pareto sweep's (benchmarks/results/sweep/results.json: 3 seeds, 200 prompts, 64 new
 tokens), with every kept variant beside it (benchmarks/results/shrinkage/*/), as render.py's equal-cost table reads
 them. Bars: the 95% interval of each TPR. The curve of the key that ``openstamp embed`` builds by default is drawn
-thick, with a star at the default delta, and the +5/+10/+20% costs of the table are dotted lines.
+thick, with a star at the default delta (read between the two strengths around it), and the +5/+10/+20% costs of
+the table are dotted lines.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from openstamp.plots import new_figure, save_figure  # noqa: E402
 COSTS = (0.05, 0.10, 0.20)
 
 
+def at_strength(curve: list[tuple[float, float, float]], strength: float) -> tuple[float, float] | None:
+    """(cost, TPR) at ``strength``, linear between the two measured strengths around it; None outside them."""
+    by = sorted(curve, key=lambda p: p[2])
+    for (c0, y0, s0), (c1, y1, s1) in zip(by, by[1:], strict=False):
+        if s0 <= strength <= s1:
+            w = (strength - s0) / (s1 - s0)
+            return c0 + w * (c1 - c0), y0 + w * (y1 - y0)
+    return None
+
+
 def draw(results: dict, out: Path) -> Path:
     summary = results["summary"]
     methods = list(dict.fromkeys(s["method"] for s in summary))
@@ -45,10 +56,9 @@ def draw(results: dict, out: Path) -> Path:
         label = f"{method} (the default)" if thick else method
         ax.errorbar(x, y, yerr=err, fmt="o-", lw=2.6 if thick else 1.1, ms=5 if thick else 3, capsize=2, label=label,
                     zorder=3 if thick else 2)  # fmt: skip
-        if thick:
-            at = [(100 * c, t) for c, t, s in curve if abs(s - delta) < 1e-9]
-            for cx, ty in at:
-                ax.plot(cx, ty, "*", ms=16, color="black", zorder=4, label=f"default delta {delta:g}")
+        if thick and (at := at_strength(curve, delta)):
+            ax.plot(100 * at[0], at[1], "*", ms=16, color="black", zorder=4,
+                    label=f"default delta {delta:g} (between its neighbours)")  # fmt: skip
     for c in COSTS:
         ax.axvline(100 * c, color="grey", ls=":", lw=1)
     tokens = results["config"].get("new_tokens")
