@@ -334,8 +334,12 @@ lengths() {
 fpr() {
   # 20 keys' false-positive rates on 1000 texts per source of unwatermarked text (texts, keys and scores in runs/fpr),
   # then the reported tail p-value against 10^5 permutations on that release
-  $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr
+  $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr --profile projected
   $PY benchmarks/fpr/tail_check.py --model runs/fpr/model --key runs/fpr/key
+  # the default key of 0.2.0: 10 keys on 1000 human texts, and its tail check
+  $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr-default --keys 10 --sources human --name fpr_per_key_default
+  $PY benchmarks/fpr/tail_check.py --model runs/fpr-default/model --key runs/fpr-default/key \
+    --prompts runs/fpr-default/texts/prompts.json --name tail_check_default
   # the family-wise FPR of 5 keys (Holm) on 1000 human windows, and detection of chat-formatted assistant turns
   $PY benchmarks/fpr/multikey_fpr.py --n 1000 --keys 5 --length 64 --profile small --out runs/multikey
   $PY benchmarks/quality/chat_detect.py --n 64 --new-tokens 160 --out runs/chat_detect

@@ -17,7 +17,7 @@ key by key, not only on average over random keys. This script:
 Per source and alpha it reports the per-key FPR (median, max), the 95% Clopper-Pearson interval of
 each key, and a chi-square test of whether the spread across keys exceeds the binomial spread.
 Every stage caches its output under ``--out``; re-running resumes. Writes
-benchmarks/results/fpr_per_key.json.
+benchmarks/results/fpr_per_key.json (``--name``).
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--profile", default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sources", default=",".join(SOURCES), help="comma-separated subset to generate or score")
+    parser.add_argument("--name", default="fpr_per_key", help="writes benchmarks/results/<name>.json")
     args = parser.parse_args()
     args.sources = [s for s in args.sources.split(",") if s]
     if unknown := set(args.sources) - set(SOURCES):

@@ -187,7 +187,7 @@ def stage_score(out, args, sources: dict[str, list[str]]) -> None:
                 )
     settings = read_json(out / "settings.json", "settings")
     write_result(
-        "fpr_per_key",
+        args.name,
         {
             "settings": settings,
             "key_id": key.key_id,

@@ -6,7 +6,7 @@ Watermarked completions of held-out prompts are cut to 16, 32, 64 and 100 scored
 p-values span the range a 10^5-permutation run can resolve (>= 1e-4) and beyond it. For each
 text it reports the permutation p-value with K = 999 (what ``detect`` computes), with K = 10^5,
 the Chernoff tail bound (``openstamp.detect.tail``) and the p-value ``detect`` reports.
-Writes benchmarks/results/tail_check.json.
+Writes benchmarks/results/tail_check.json (``--name``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=100)
     parser.add_argument("--mc", type=int, default=100_000)
+    parser.add_argument("--name", default="tail_check", help="writes benchmarks/results/<name>.json")
     args = parser.parse_args()
     detector = Detector.from_pretrained(str(args.model), str(args.key), DetectConfig(min_tokens=8))
     tok, key = detector.tokenizer, detector.key
@@ -98,7 +99,7 @@ def main() -> None:
         f"texts where both resolve: {len(resolved)}; tail below the 1e5 Monte-Carlo beyond 3 se: {len(below)}; "
         f"median tail / MC ratio {summary['median_ratio_tail_over_mc']}"
     )
-    write_result("tail_check", {"key_id": key.key_id, "delta": key.delta, **summary})
+    write_result(args.name, {"key_id": key.key_id, "delta": key.delta, **summary})
 
 
 if __name__ == "__main__":
