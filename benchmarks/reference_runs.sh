@@ -315,6 +315,7 @@ frontier() {
   $V --variants raw-centred-f4,raw-centred-f8,raw-centred-f16,raw-centred-f32 --deltas 0.25,0.35 --skips 4,8,16 \
     --out benchmarks/results/key_variants_shrinkage.json
   $V --variants raw-centred-f4-g0.1,raw-centred-f4-L32 --deltas 0.35,0.5 --out benchmarks/results/key_variants_sharper.json
+  $V --variants raw-centred-f4-g0.1 --deltas 0.6,0.7 --out benchmarks/results/key_variants_sharper_more.json
   $V --variants raw-centred-f4-c0.1,raw-centred-f4-c0.3,raw-centred-f4-F1,raw-centred-f4-F10 --deltas 0.35 \
     --out benchmarks/results/key_variants_penalties.json
   # the chosen default against 0.1.0's on 5 fresh keys and the next 64 prompts (the test split)
