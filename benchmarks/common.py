@@ -114,8 +114,8 @@ VARIANTS = "shrinkage"  # benchmarks/results/shrinkage/<method>-f<f>/: an OpenSt
 
 def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str]]:
     """Each kept variant of an OpenStamp method beside the sweep ``r`` (folder/../VARIANTS/*/results.json): its
-    folder, its results, its method, its name '<method> (shrinkage f[, centred])', and why it does not match the
-    sweep's seeds, prompts and human text ('' where it does)."""
+    folder, its results, its method, its name (``variant_name``), and why it does not match the sweep's seeds, prompts
+    and human text ('' where it does)."""
     from openstamp.lab.evaluation.shards import mismatch
 
     out = []
@@ -123,11 +123,16 @@ def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str
         v = json.loads(path.read_text())
         method = v["config"]["methods"][0]
         settings = v["config"]["method_settings"][method]
-        name = f"{method} (shrinkage {settings['shrinkage']:g}" + (", centred)" if settings.get("centre") else ")")
+        name = variant_name(method, settings["shrinkage"], settings.get("centre", False))
         same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
         why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
         out.append((path.parent, v, method, name, why))
     return out
+
+
+def variant_name(method: str, shrinkage: float, centre: bool) -> str:
+    """How tables and plots name a kept variant: '<method> (shrinkage f)' or '<method> (shrinkage f, centred)'."""
+    return f"{method} (shrinkage {shrinkage:g}" + (", centred)" if centre else ")")
 
 
 def default_method(methods: list[str]) -> str | None:
@@ -138,7 +143,7 @@ def default_method(methods: list[str]) -> str | None:
     base = "openstamp" if cfg.projection.enabled else "openstamp-nosem"
     if cfg.selector.shrinkage == 0 and not cfg.green.centre:
         return base if base in methods else None
-    name = f"{base} (shrinkage {cfg.selector.shrinkage:g}" + (", centred)" if cfg.green.centre else ")")
+    name = variant_name(base, cfg.selector.shrinkage, cfg.green.centre)
     return name if name in methods else None
 
 

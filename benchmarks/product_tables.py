@@ -61,14 +61,17 @@ def calibration_lengths(root: Path) -> list[str]:
     return table(header, rows)
 
 
-def key_variants(root: Path) -> list[str]:
-    """Each key variant at each strength: TPR, own-PPL change, and the seen / signal / spread split
-    (key_variants*.json: one file per run of benchmarks/frontier/key_variants.py)."""
+def tune_split_points(root: Path) -> list[dict]:
+    """Every point of the tune split's key 0 in key_variants*.json (one file per run of
+    benchmarks/frontier/key_variants.py); fresh keys (the test split) are fresh_keys' table."""
     points = [p for path in sorted(root.glob("key_variants*.json")) for p in read(path)["points"].values()]
+    return [p for p in points if not p.get("key", 0)]
+
+
+def key_variants(root: Path) -> list[str]:
+    """Each key variant at each strength: TPR, own-PPL change, and the seen / signal / spread split."""
     rows = []
-    for p in points:
-        if p.get("key", 0):  # fresh keys (the test split): fresh_keys' table
-            continue
+    for p in tune_split_points(root):
         low, high = p["tpr_ci"]
         split = [rate(p.get(k)) if p.get(k) is not None else "-" for k in ("seen", "signal", "spread", "efficiency")]
         rows.append([p["variant"], f"{p['delta']:g}", f"{rate(p['tpr'])} [{low:.2f}, {high:.2f}]",
@@ -80,8 +83,7 @@ def key_variants(root: Path) -> list[str]:
 
 def skipped_tokens(root: Path) -> list[str]:
     """TPR with the first k tokens of each text left unscored (key_variants*.json points that measured skips)."""
-    points = [p for path in sorted(root.glob("key_variants*.json")) for p in read(path)["points"].values()]
-    points = [p for p in points if len(p.get("by_skip", {})) > 1 and not p.get("key", 0)]
+    points = [p for p in tune_split_points(root) if len(p.get("by_skip", {})) > 1]
     skips = sorted({int(k) for p in points for k in p["by_skip"]})
     rows = [[p["variant"], f"{p['delta']:g}", pct(p["own_ppl_change"])]
             + [rate(p["by_skip"][str(k)]["tpr"]) if str(k) in p["by_skip"] else "-" for k in skips]
@@ -93,6 +95,7 @@ def fresh_keys(root: Path, cost: float = 0.10) -> list[str]:
     """Each variant on fresh keys (the test split): per key, TPR read at ``cost`` own PPL off its line through its
     strengths, then the mean over keys with a t interval; the decomposition's mean over keys and strengths
     (key_variants_fresh_keys.json)."""
+    import numpy as np
     from scipy.stats import t as student
 
     r = read(root / "key_variants_fresh_keys.json")
@@ -105,9 +108,8 @@ def fresh_keys(root: Path, cost: float = 0.10) -> list[str]:
         for points in keys.values():
             (c0, y0), (c1, y1) = sorted((q["own_ppl_change"], q["tpr"]) for q in points)[:2]
             at.append(y0 + (y1 - y0) * (cost - c0) / (c1 - c0))
-        n, mean = len(at), sum(at) / len(at)
-        sd = (sum((a - mean) ** 2 for a in at) / (n - 1)) ** 0.5 if n > 1 else float("nan")
-        half = student.ppf(0.975, n - 1) * sd / n**0.5 if n > 1 else float("nan")
+        n, mean = len(at), float(np.mean(at))
+        half = student.ppf(0.975, n - 1) * np.std(at, ddof=1) / n**0.5 if n > 1 else float("nan")
         every = [q for points in keys.values() for q in points]
         split = [rate(sum(q[k] for q in every) / len(every)) for k in ("seen", "signal", "spread", "efficiency")]
         deltas = "/".join(f"{d:g}" for d in sorted({q["delta"] for q in every}))

@@ -137,17 +137,21 @@ def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progre
         revert_watermark(model, key)
     wm_texts = tok.batch_decode(ids, skip_special_tokens=True)
     hu_texts = tok.batch_decode(human, skip_special_tokens=True)
-    detector, by_skip = Detector(model, tok, key, DetectConfig(alpha=tune_cfg.fpr)), {}
+    detector, results = Detector(model, tok, key, DetectConfig(alpha=tune_cfg.fpr)), {}
     for skip in skips:  # one detector (one watermarked copy), its config changed per k
         detector.config = dataclasses.replace(detector.config, skip_tokens=skip)
-        results = detector.detect(wm_texts), detector.detect(hu_texts)
-        hits, false = (sum(r.p_value is not None and r.p_value <= tune_cfg.fpr for r in rs) for rs in results)
-        by_skip[skip] = {"tpr": hits / len(wm_texts), "tpr_ci": clopper_pearson(hits, len(wm_texts)),
-                         "human_fpr": false / len(hu_texts), "results": results}  # fmt: skip
-    wm, hu = by_skip[0].pop("results")
-    hits, false = round(by_skip[0]["tpr"] * len(wm)), round(by_skip[0]["human_fpr"] * len(hu))
-    for value in by_skip.values():
-        value.pop("results", None)
+        results[skip] = detector.detect(wm_texts), detector.detect(hu_texts)
+
+    def flagged(rs) -> int:
+        return sum(r.p_value is not None and r.p_value <= tune_cfg.fpr for r in rs)
+
+    by_skip = {
+        str(skip): {"tpr": flagged(w) / len(w), "tpr_ci": clopper_pearson(flagged(w), len(w)),
+                    "human_fpr": flagged(h) / len(h)}
+        for skip, (w, h) in results.items()
+    }  # fmt: skip
+    wm, hu = results[0]
+    hits, false = flagged(wm), flagged(hu)
     wm_scores = [r.score for r in wm if r.score is not None]  # a too-short text has no score
     hu_scores = [r.score for r in hu if r.score is not None]
     change = perplexity(nll) / perplexity(original_nll) - 1
@@ -161,7 +165,7 @@ def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progre
         "scored": [len(wm_scores), len(hu_scores)],
         "mean_llr_watermarked": sum(wm_scores) / len(wm_scores),
         "mean_llr_human": sum(hu_scores) / len(hu_scores),
-        "by_skip": {str(k): v for k, v in by_skip.items()},
+        "by_skip": by_skip,
         **budget,
     }
 
