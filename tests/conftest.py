@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from tokenizers import decoders as tk_decoders
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -160,6 +161,35 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return root
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tokenizer, tmp_path_factory):
+    """A saved tiny tied Llama (a base to re-tie); one per test module."""
+    path = tmp_path_factory.mktemp("tied-base")
+    make_model(tied=True, vocab_size=len(tokenizer) + 12).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def retied(tied_dir, corpus_file, tiny_config, tmp_path_factory):
+    """``tied_dir`` watermarked re-tied at delta 2 (model/) and its key (key/), by ``openstamp.watermark.embed``."""
+    from openstamp.watermark import embed
+
+    root = tmp_path_factory.mktemp("retied")
+    cfg = tiny_config.with_overrides({"green.delta": 2.0})
+    embed(str(tied_dir), str(corpus_file), root / "model", root / "key", cfg, progress=False)
+    return root
+
+
+def saved_tensors(directory) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's safetensors files, by name."""
+    out = {}
+    for f in directory.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as fh:
+            out |= {n: fh.get_tensor(n) for n in fh.keys()}
+    return out
 
 
 ATTACK_METHODS = ("openstamp-nosem", "unremovable", "kgw")  # two weight-level methods and a decode-time one

@@ -4,8 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, make_model
-from safetensors import safe_open
+from conftest import SMALL_EMBED, saved_tensors
 from sklearn.metrics import roc_auc_score
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
@@ -20,33 +19,9 @@ from openstamp.key import WatermarkKey
 from openstamp.lab.methods import create
 from openstamp.models import load_model
 from openstamp.patch import TIED_WARNING, apply_watermark, head, is_tied, revert_watermark, tied_head_mode
-from openstamp.watermark import build_key, embed
+from openstamp.watermark import build_key
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def tied_dir(tokenizer, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tied-base")
-    make_model(tied=True, vocab_size=len(tokenizer) + 12).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def retied(tied_dir, corpus_file, tiny_config, tmp_path_factory):
-    root = tmp_path_factory.mktemp("retied")
-    cfg = tiny_config.with_overrides({"green.delta": 2.0})
-    embed(str(tied_dir), str(corpus_file), root / "model", root / "key", cfg, progress=False)
-    return root
-
-
-def saved_tensors(directory) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in directory.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as fh:
-            out |= {n: fh.get_tensor(n) for n in fh.keys()}
-    return out
 
 
 def test_a_tied_model_embeds_re_tied_by_default(retied, tied_dir):

@@ -43,6 +43,8 @@ _EXPORTS = {
     "apply_watermark": "openstamp.patch",
     "check_key": "openstamp.patch",
     "revert_watermark": "openstamp.patch",
+    "RepairConfig": "openstamp.repair",
+    "repair_backbone": "openstamp.repair",
 }
 
 __all__ = sorted(_EXPORTS)

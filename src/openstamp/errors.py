@@ -23,6 +23,10 @@ class KeyMismatchError(InvalidKeyError):
     """A key used with a model it was not made for."""
 
 
+class RepairError(ValueError):
+    """A backbone repair asked of models that are not a re-tied release and its base, or that failed."""
+
+
 class MissingExtraError(ImportError):
     """An optional dependency, installed with one of the package's extras, is missing."""
 

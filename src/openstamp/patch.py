@@ -36,6 +36,11 @@ RETIE_WARNING = (
     "embed --delta auto). With the default profile at delta 1 it is 0.42 on SmolLM2-135M and 1.08 on "
     "Qwen2.5-Coder-0.5B, whose re-tied release no longer writes language (benchmarks/results/offset_size.json)."
 )
+REPAIRED_ERROR = (
+    "key {key_id} belongs to a release whose backbone was repaired (embed --repair-minutes): its layers exist only "
+    "in the released checkpoint, and the original model gives other hidden states. Detect with the released "
+    "checkpoint"
+)
 FORCE_HINT = "pass --force (DetectConfig(check_key=False)) to score anyway"
 
 
@@ -237,7 +242,10 @@ def watermarked_copy(model: PreTrainedModel, key: WatermarkKey) -> PreTrainedMod
 
     For a re-tied release the backbone's input embeddings are U~ too, so only this copy gives
     the release's hidden states; ``model`` itself is left untouched (costs one model's memory).
+    A key whose release had its backbone repaired is refused: no copy of the original has its layers.
     """
+    if key.meta.get("repair"):
+        raise KeyMismatchError(REPAIRED_ERROR.format(key_id=key.key_id))
     patched = copy.deepcopy(model)
     apply_watermark(patched, key, release_tied_head(key))
     del patched._openstamp_patch  # never reverted: drop the clone of U

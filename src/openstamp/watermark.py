@@ -6,6 +6,7 @@ the key's metadata.
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import logging
 import os
@@ -30,6 +31,7 @@ from openstamp.models import load_model, model_device
 from openstamp.monitor import StageMonitor
 from openstamp.patch import TIED_HEAD_MODES, apply_watermark, head
 from openstamp.release.card import Disclosure, base_card_header, check_verify_url, write_disclosure
+from openstamp.repair import RepairConfig, repair_backbone, require_retied
 from openstamp.state_shards import fit_selector_streaming, write_state_shards
 from openstamp.storage import atomic_directory, check_can_write
 from openstamp.text import never_green_ids, token_frequencies
@@ -216,6 +218,7 @@ def embed(
     tune: TuneConfig | None = None,
     disclose: bool = True,
     verify_url: str | None = None,
+    repair: RepairConfig | None = None,
 ) -> EmbedResult:
     """Build a key on ``corpus_spec``, watermark ``model_spec``, and write both atomically.
 
@@ -229,6 +232,8 @@ def embed(
     The key is written first: a checkpoint must never exist without its key. With ``disclose``
     (the default) the checkpoint says what it is: a model card and ``watermark.json``
     (:mod:`openstamp.release.card`), naming ``verify_url`` as the way to verify when given.
+    With ``repair``, a re-tied release's backbone is trained back towards the base's outputs on the
+    key documents before anything is written (:mod:`openstamp.repair`), and the key records it.
     """
     if tied_head not in TIED_HEAD_MODES:
         raise ValueError(f"tied_head must be one of {', '.join(TIED_HEAD_MODES)}, not {tied_head!r}")
@@ -238,7 +243,11 @@ def embed(
     check_can_write(key_dir, overwrite)
     all_documents = load_documents(corpus_spec)
     documents = split_documents(all_documents, corpus_part)
+    if repair is not None and (device_map is not None or out is None):
+        raise ValueError("the backbone repair needs a release to write (--out) on one device (no --device-map)")
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device, cache_dir=cache_dir, device_map=device_map)
+    if repair is not None:
+        require_retied(model, tied_head)
     key = build_key(model, tokenizer, documents, cfg, secret=secret, progress=progress, states_dir=states_dir)
     key.meta["corpus"] = {"spec": corpus_spec, "part": corpus_part, **fingerprint(documents)}
     if tune is not None:
@@ -247,7 +256,14 @@ def embed(
             log.warning("--corpus-part all: the tuning prompts come from documents the key was built on")
         key, _ = tune_delta(model, tokenizer, key, heldout, tune, tied_head, progress)
     release = Release(disclose, verify_url, cache_dir)
-    write_release(model, tokenizer, key, key_dir, out, tied_head, model_spec, overwrite, release)
+    repair_step = None
+    if repair is not None:
+        original = copy.deepcopy(model)  # the unwatermarked base, the repair's target
+
+        def repair_step(watermarked: PreTrainedModel) -> dict:
+            return repair_backbone(watermarked, original, tokenizer, documents, repair, progress)
+
+    write_release(model, tokenizer, key, key_dir, out, tied_head, model_spec, overwrite, release, repair_step)
     return EmbedResult(key, Path(out) if out is not None else None, Path(key_dir), model, tokenizer)
 
 
@@ -262,13 +278,17 @@ class Release:
 
 
 def write_release(model, tokenizer, key: WatermarkKey, key_dir, out, tied_head: str, source: str, overwrite: bool,
-                  release: Release | None = None):  # fmt: skip
+                  release: Release | None = None, repair=None):  # fmt: skip
     """Watermark ``model`` in place, then write the key and (unless ``out`` is None) the checkpoint.
 
     The key is written first: a checkpoint must never exist without its key. The checkpoint's
-    folder appears whole, model card and watermark.json included, or not at all.
+    folder appears whole, model card and watermark.json included, or not at all. ``repair``, a
+    function of the watermarked model that returns a report, runs before anything is written;
+    the key keeps its report as ``meta["repair"]``.
     """
     apply_watermark(model, key, tied_head, source=source)
+    if repair is not None:
+        key.meta["repair"] = repair(model)
     key.save(key_dir, overwrite=overwrite)
     release = release or Release()
     if out is not None:

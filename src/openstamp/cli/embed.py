@@ -107,12 +107,24 @@ def embed(
     states_dir: Path | None = typer.Option(
         None, help="write hidden states here in shards and fit the selector by streaming (large models)"
     ),
+    repair_minutes: float = typer.Option(
+        0.0,
+        help="a tied model re-tied: train its layers (not U~) for this many wall-clock minutes towards the base's "
+        "outputs, which removes part of the cost the detector cannot see (e.g. 30); 0: off. Detect such a "
+        "release with the released checkpoint only",
+    ),
 ) -> None:
     """Build a watermark key on a corpus and write it into a model's unembedding."""
+    from openstamp.repair import RepairConfig
     from openstamp.tune import TuneConfig
     from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
+    if repair_minutes < 0:
+        raise ValueError("--repair-minutes must be >= 0 (0: no repair)")
+    if repair_minutes > 0 and tied_head != "retie":
+        raise ValueError("--repair-minutes repairs a re-tied release; it does not combine with --tied-head untie")
+    repair = RepairConfig(minutes=repair_minutes) if repair_minutes > 0 else None
     tune = None
     if delta == "auto":
         tune = TuneConfig(target_tpr=target_tpr, tokens=tune_tokens, fpr=tune_fpr)
@@ -149,10 +161,13 @@ def embed(
         tune=tune,
         disclose=not no_disclose,
         verify_url=verify_url,
+        repair=repair,
     )
     if tune is not None:
         print_tune(result.key.meta["tune"])
     print_summary(result.key, result.model_dir, result.key_dir)
+    if repair is not None:
+        print_repair(result.key.meta["repair"])
 
 
 def parse_delta(text: str | None) -> float | None:
@@ -185,6 +200,22 @@ def print_tune(report: dict) -> None:
         f"own perplexity {report['own_ppl_original']:.2f} -> {report['own_ppl']:.2f} "
         f"({report['own_ppl_change']:+.1%}) on the prompts' human continuations"
     )
+
+
+def print_repair(report: dict) -> None:
+    """The repair's KL from the base before and after, on windows it did not train on."""
+    held = report["heldout"]
+    console.print(
+        f"backbone repair: {report['steps']} steps in {report['seconds']:.0f} s on {report['n_windows_heldin']} "
+        f"document and {report['n_windows_generated']} sampled windows; training KL {report['kl_initial']:.4f} -> "
+        f"{report['kl_final']:.4f}"
+    )
+    if held["n_windows"]:
+        console.print(
+            f"  on {held['n_windows']} held-back windows, KL from the base: unseen (U h~) "
+            f"{held['unseen_kl_before']:.4f} -> {held['unseen_kl_after']:.4f}; release (U~ h~) "
+            f"{held['release_kl_before']:.4f} -> {held['release_kl_after']:.4f}"
+        )
 
 
 def print_summary(key, model_dir: Path, key_dir: Path) -> None:

@@ -85,7 +85,8 @@ class Detector:
         model: the watermarked checkpoint, or the original base model; the key's fingerprint
             tells which, and the other head is derived as U~ = U + dW or U = U~ - dW. For a
             re-tied key the original model is watermarked on a copy, since the release's
-            backbone (its input embeddings) differs from the original's too.
+            backbone (its input embeddings) differs from the original's too; a key whose release
+            had its backbone repaired (``meta["repair"]``) needs the release itself.
         tokenizer: the model's tokenizer.
         key: the private key.
         config: thresholds, limits and batching.

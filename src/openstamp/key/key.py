@@ -115,8 +115,11 @@ class WatermarkKey:
         return self._factor_digest(b"openstamp/key-id/v1").hexdigest()[:16]
 
     def checksum(self) -> str:
-        """sha256 of the key id and the model record (source, tied-head mode, fingerprints)."""
+        """sha256 of the key id and the model record (source, tied-head mode, fingerprints, and a backbone
+        repair where there was one: a key that loses it would let detectors stand the original in for the release)."""
         record = {k: self.meta.get(k) for k in ("model", "fingerprint")}
+        if "repair" in self.meta:  # absent from keys without one, whose checksums stay as they were
+            record["repair"] = self.meta["repair"]
         return hashlib.sha256(json.dumps([self.key_id, record], sort_keys=True).encode()).hexdigest()
 
     @cached_property
