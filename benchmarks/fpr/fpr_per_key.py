@@ -9,7 +9,8 @@ key by key, not only on average over random keys. This script:
    writes four sources of unwatermarked text, each as decoded text without its prompt:
    the original (public base) model with pure sampling, the same at temperature 0.7 / top-p 0.9,
    the human continuations, and Gemma-3-270M's completions (another model, another tokenizer).
-2. ``key``: builds one key on the packaged model (the ``default`` profile users get).
+2. ``key``: builds one key on the model under test (``--model``, the packaged SmolLM2 by default; the
+   ``default`` profile users get).
 3. ``score``: scores every text once through the backbone and derives, for ``keys`` owners, the
    statistics of key variants that share S and P but have their own secret (so their own G and
    permutations). See ``fpr_scoring.py`` for why that is what varies between owners.
@@ -35,9 +36,9 @@ from common import heldout_windows  # noqa: E402
 from openstamp.models import load_model  # noqa: E402
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
-SOURCES = {  # name -> (model, temperature, top_p); "human" is the real continuation
-    "base_pure": ("smollm2-135m", 1.0, 1.0),
-    "base_t0.7_p0.9": ("smollm2-135m", 0.7, 0.9),
+SOURCES = {  # name -> (model, temperature, top_p); None: the model under test (--model); "human" is the real text
+    "base_pure": (None, 1.0, 1.0),
+    "base_t0.7_p0.9": (None, 0.7, 0.9),
     "human": (None, None, None),
     "gemma3_pure": ("gemma3-270m", 1.0, 1.0),
 }
@@ -56,7 +57,7 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
         if path.exists():
             continue
         if model is None:
-            model, tokenizer = load_model(spec, dtype=args.gen_dtype)
+            model, tokenizer = load_model(spec or args.model, dtype=args.gen_dtype)
         began = time.perf_counter()
         prompts = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts_text[start : start + args.batch]]
         ids = sample_completions(
@@ -84,7 +85,7 @@ def load_source(out: Path, name: str) -> list[str]:
 
 
 def stage_texts(out: Path, args) -> None:
-    _, tokenizer = load_model("smollm2-135m")
+    _, tokenizer = load_model(args.model)
     path = out / "texts" / "prompts.json"
     if not path.exists():
         windows = heldout_windows(tokenizer, args.n, args.prompt_tokens, args.new_tokens)
@@ -100,14 +101,14 @@ def stage_texts(out: Path, args) -> None:
 
 
 def stage_key(out: Path, args) -> None:
-    """One key on the packaged model with the default profile (the demo's settings)."""
+    """One key on the model under test with the profile (the default: the demo's settings)."""
     from openstamp.config import load_profile
     from openstamp.watermark import embed
 
     if (out / "key" / "key.json").exists():
         return
     embed(
-        "smollm2-135m",
+        args.model,
         "wikipedia",
         out / "model",
         out / "key",
@@ -120,6 +121,7 @@ def stage_key(out: Path, args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/fpr"))
+    parser.add_argument("--model", default="smollm2-135m", help="the model under test: alias, directory or hub id")
     parser.add_argument("--stage", choices=("texts", "key", "score", "all"), default="all")
     parser.add_argument("--n", type=int, default=1000, help="texts per source")
     parser.add_argument("--keys", type=int, default=20, help="key variants (owners)")

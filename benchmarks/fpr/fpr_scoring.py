@@ -153,7 +153,7 @@ def stage_score(out, args, sources: dict[str, list[str]]) -> None:
     """Score each source's texts (name -> texts, in report order) with every key variant; write the summary."""
     from common import write_result
 
-    model, tokenizer = load_model("smollm2-135m")
+    model, tokenizer = load_model(args.model)
     key = WatermarkKey.load(out / "key")
     keys = variant_keys(key, args.keys)
     report, timings = {}, {}
