@@ -6,7 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from common import TPR, exact, rate, read, table
+from common import TPR, exact, rate, read, table, variant_name
+
+# the default key of 0.2.0 (reference_runs.sh's default_attacks) is attacked in its own eval, where its method is
+# named openstamp-nosem: its files are kept in a folder of this name and shown under the name the sweep's tables give it
+DEFAULT_FOLDER, DEFAULT_NAME = "default", variant_name("openstamp-nosem", 4, True)
+
+
+def _attacks(folder: Path) -> list[dict]:
+    """The attack results in ``folder``, then the default key's (in its subfolder), renamed."""
+    attacks = [read(f) for f in sorted(folder.glob("*.json"))]
+    for a in (read(f) for f in sorted((folder / DEFAULT_FOLDER).glob("*.json"))):
+        for run in a["runs"]:
+            run["method"] = DEFAULT_NAME
+        attacks.append(a)
+    return attacks
+
 
 # -- what survives paraphrase
 
@@ -40,8 +55,8 @@ def pooled_paraphrase(attacks: list[dict]) -> list[str]:
 
 def paraphrase(root: Path, cost: float) -> list[str]:
     """Every method after paraphrase at the strength nearest ``cost`` own PPL (paraphrase64/cost/, keys pooled)."""
-    files = sorted((root / "paraphrase64" / "cost").glob("*.json"))
-    return pooled_paraphrase([a for a in map(read, files) if a["settings"].get("at_cost") == cost])
+    attacks = _attacks(root / "paraphrase64" / "cost")
+    return pooled_paraphrase([a for a in attacks if a["settings"].get("at_cost") == cost])
 
 
 def _cell(s: dict, key: str = TPR) -> tuple:
@@ -121,7 +136,7 @@ def durability_cost(root: Path, cost: float) -> list[str]:
     """Each attack at the strength nearest ``cost`` own PPL (robust_cost/): the mean TPR@1%FPR over the keys (how
     many in brackets); 'none' is each run's own completions before the token edits."""
     cells: dict[str, dict[str, dict[str, float]]] = {"none": {}}  # setting -> method -> run (a key) -> TPR
-    for a in (read(f) for f in sorted((root / "robust_cost").glob("*.json"))):
+    for a in _attacks(root / "robust_cost"):
         if a["settings"]["at_cost"] != cost:
             continue
         s, kind = a["settings"], a["attack"]

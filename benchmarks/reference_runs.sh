@@ -221,6 +221,43 @@ durability_cost() {
   keep_eval $seed
 }
 
+default_attacks() {
+  # the default key of 0.2.0 (the frontier stage's centred shrinkage run: openstamp-nosem, shrinkage 4, centred)
+  # under the attacks paraphrase_cost, robust_cost and durability_cost apply to the sweep's methods, on its eval of each
+  # seed of DEFAULT_SEEDS (default 0 1 2), at the strength nearest DEFAULT_COST (default 0.12: +12%), into
+  # paraphrase64/cost/default/ and robust_cost/default/. DEFAULT_ATTACKS (default all) chooses among paraphrase (the
+  # paper's prompt and the strong one), edit, quantize (NF4, GGUF-Q4_K_M), merge (linear with the base, t 0.5) and
+  # finetune (LoRA, 100 steps). About 25 min a seed on 2 cores
+  local cost=${DEFAULT_COST:-0.12} P=benchmarks/results/paraphrase64/cost/default K=benchmarks/results/robust_cost/default
+  mkdir -p $P $K
+  for seed in ${DEFAULT_SEEDS:-0 1 2}; do
+    local S=runs/shrink-openstamp-nosem-f4-centred-s$seed tag=cost$cost-s$seed
+    [ -f $S/results.json ] || { echo "no $S/results.json: run the frontier stage first"; return 1; }
+    for attack in ${DEFAULT_ATTACKS:-paraphrase edit quantize merge finetune}; do
+      local R=runs/default-$attack-$tag
+      case $attack in
+        paraphrase)
+          bash scripts/install_assets.sh qwen05
+          for prompt in paper strong; do
+            [ -f $P/para64-$tag-$prompt.json ] && continue
+            $OPENSTAMP attack paraphrase --eval $S --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
+              --at-cost $cost --out $R-$prompt
+            cp $R-$prompt/results.json $P/para64-$tag-$prompt.json
+          done
+          continue ;;
+        edit) $OPENSTAMP attack edit --eval $S --delete 0.1 --substitute 0.1 --at-cost $cost --out $R ;;
+        quantize) $OPENSTAMP attack quantize --eval $S --scheme nf4,gguf-q4_k_m --head recipe --n 64 --at-cost $cost \
+          --out $R ;;
+        merge) $OPENSTAMP attack merge --eval $S --method linear --t 0.5 --n 64 --at-cost $cost --out $R ;;
+        finetune) $OPENSTAMP attack finetune --eval $S --corpus wikipedia --steps 100 --every 50 --n 64 \
+          --at-cost $cost --out $R ;;
+        *) echo "unknown attack $attack: paraphrase, edit, quantize, merge or finetune"; return 1 ;;
+      esac
+      cp $R/results.json $K/$attack-$tag.json
+    done
+  done
+}
+
 projection_pooled() {
   # the projection's effect under paraphrase, at equal cost: OpenStamp and the no-projection ablation, both with
   # selector shrinkage 4 at delta 0.5, the point where their costs meet in the shrinkage stage (+24.9% and +22.4% own
@@ -337,10 +374,15 @@ fpr() {
   # then the reported tail p-value against 10^5 permutations on that release
   $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr --profile projected
   $PY benchmarks/fpr/tail_check.py --model runs/fpr/model --key runs/fpr/key
-  # the default key of 0.2.0: 10 keys on 1000 human texts, and its tail check
-  $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr-default --keys 10 --sources human --name fpr_per_key_default
+  # the default key of 0.2.0: 10 keys on 1000 human texts and 1000 of the original model's pure samples, and its tail
+  # check (against permutations and fresh keys)
+  $PY benchmarks/fpr/fpr_per_key.py --out runs/fpr-default --keys 10 --sources human,base_pure --name fpr_per_key_default
   $PY benchmarks/fpr/tail_check.py --model runs/fpr-default/model --key runs/fpr-default/key \
     --prompts runs/fpr-default/texts/prompts.json --name tail_check_default
+  # the second model: 5 keys of the default profile on Qwen2.5-Coder-0.5B, its own pure samples and human text
+  bash scripts/install_assets.sh qwen05
+  $PY benchmarks/fpr/fpr_per_key.py --model qwen2.5-coder-0.5b --out runs/fpr-qwen05 --keys 5 --n 500 \
+    --sources base_pure,human --name fpr_per_key_qwen05
   # the family-wise FPR of 5 keys (Holm) on 1000 human windows, and detection of chat-formatted assistant turns
   $PY benchmarks/fpr/multikey_fpr.py --n 1000 --keys 5 --length 64 --profile small --out runs/multikey
   $PY benchmarks/quality/chat_detect.py --n 64 --new-tokens 160 --out runs/chat_detect
@@ -359,6 +401,7 @@ paraphrase() {
       PARA_COST_SEED=$seed PARA_COST=$cost PARA_COST_PROMPTS=${PARA_COST_PROMPTS:-paper strong} paraphrase_cost
     done
   done
+  DEFAULT_ATTACKS=paraphrase default_attacks  # the default key of 0.2.0 at +12%
 }
 durability() {
   # every attack on the current releases at their default strengths, then token edits, quantization, merging,
@@ -372,6 +415,7 @@ durability() {
       DURABILITY_COST_SEED=$seed DURABILITY_COST=$cost durability_cost
     done
   done
+  DEFAULT_ATTACKS="edit quantize merge finetune" default_attacks  # the default key of 0.2.0 at +12%
 }
 speed() {
   # detection, sampling and key-building speed, the HTTP service under load and against bad input, batch detection
@@ -380,6 +424,7 @@ speed() {
   # a second model: the demo on Qwen2.5-Coder-0.5B, its detection speed, and each release's offset against its head
   bash scripts/install_assets.sh qwen05
   $OPENSTAMP demo --model qwen2.5-coder-0.5b --out runs/demo-qwen
+  cp runs/demo-qwen/demo.json benchmarks/results/demo_qwen05.json
   $PY benchmarks/speed/detect_speed.py --model runs/demo-qwen/model --key runs/demo-qwen/key --batch 4 --length 128 \
     --memory-batch 8 --memory-length 128 --name detect_speed_qwen05
   $PY benchmarks/quality/offset_size.py --release runs/demo/model:runs/demo/key \
