@@ -121,15 +121,20 @@ def fresh_keys(root: Path, cost: float = 0.10) -> list[str]:
 
 
 def offset_size(root: Path) -> list[str]:
-    """Each model's offset against its unembedding at its key's delta (offset_size.json)."""
-    r = read(root / "offset_size.json")["releases"]
-    rows = [
-        [model, f"{s['delta']:g}", f"{s['offset_to_head']:.2f}", f"{s['head_row_norm']:.3f}",
-         f"{s['offset_row_norm']:.3f}", f"{s['offset_mean_row_norm']:.3f}", f"{s['centred_offset_row_norm']:.3f}"]
-        for model, s in r.items()
-    ]  # fmt: skip
-    header = ["model", "delta", "dW / U (Frobenius)", "row norm of U", "of dW", "dW's mean row", "dW centred, per row"]
-    return table(header, rows)
+    """Each model's offset against its unembedding at its key's delta, per version's default key (offset_size*.json:
+    offset_size_0.1.0.json kept from before the default changed)."""
+    rows = []
+    for path in sorted(root.glob("offset_size*.json")):
+        r = read(path)
+        rows += [
+            [model, f"{r['versions']['openstamp']}'s", f"{s['delta']:g}", f"{s['offset_to_head']:.2f}",
+             f"{s['head_row_norm']:.3f}", f"{s['offset_row_norm']:.3f}", f"{s['offset_mean_row_norm']:.3f}",
+             f"{s['centred_offset_row_norm']:.3f}"]
+            for model, s in r["releases"].items()
+        ]  # fmt: skip
+    header = ["model", "default key", "delta", "dW / U (Frobenius)", "row norm of U", "of dW", "dW's mean row",
+              "dW centred, per row"]  # fmt: skip
+    return table(header, sorted(rows), 2)
 
 
 def speed_by_model(root: Path) -> list[str]:

@@ -33,8 +33,9 @@ RETIE_SHIFT_WARN = 0.5  # ||dW|| / ||U|| above this in a re-tied release: the in
 RETIE_WARNING = (
     "the offset is {ratio:.2f} times the size of the unembedding (||dW|| / ||U||), and this re-tied release's input "
     "embeddings move by as much: its text may fall apart. Choose a smaller delta for this model (openstamp tune, or "
-    "embed --delta auto). With the default profile at delta 1 it is 0.42 on SmolLM2-135M and 1.08 on "
-    "Qwen2.5-Coder-0.5B, whose re-tied release no longer writes language (benchmarks/results/offset_size.json)."
+    "embed --delta auto). With the projected profile (0.1.0's default) at delta 1 it is 0.42 on SmolLM2-135M and "
+    "1.08 on Qwen2.5-Coder-0.5B, whose re-tied release no longer writes language; the default key of 0.2.0 "
+    "(delta 0.386, centred) reads 0.04 and 0.06 (benchmarks/results/offset_size*.json)."
 )
 REPAIRED_ERROR = (
     "key {key_id} belongs to a release whose backbone was repaired (embed --repair-minutes): its layers exist only "
