@@ -159,6 +159,22 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
     return table(header, rows)
 
 
+def tail_check(root: Path) -> list[str]:
+    """The tail bound against 10^5 permutations and against fresh keys, per key checked (tail_check*.json)."""
+    rows = []
+    for name, label in (("tail_check", "0.1.0's default"), ("tail_check_default", "0.2.0's default")):
+        r = read(root / f"{name}.json")
+        keys = "-"
+        if "mc_keys" in r:
+            keys = (f"{r['tail_below_keys_mc_beyond_error']} of {r['tail_and_keys_mc_both_resolved']} "
+                    f"({r['median_ratio_tail_over_keys_mc']:.2f})")  # fmt: skip
+        below = f"{r['tail_below_mc_beyond_error']} of {r['tail_and_mc_both_resolved']}"
+        rows.append([label, r["key_id"], str(r["n_texts"]), f"{below} ({r['median_ratio_tail_over_mc']:.2f})", keys])
+    header = ["key", "key id", "texts (x 4 lengths)", "below 10^5 permutations (median ratio)",
+              "below fresh keys (median ratio)"]  # fmt: skip
+    return table(header, rows, 2)
+
+
 # -- how fast
 
 
@@ -185,6 +201,8 @@ TABLES = {
     "lengths": lengths,
     "fpr_per_key": fpr_per_key,
     "fpr_per_key_default": partial(fpr_per_key, name="fpr_per_key_default"),
+    "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
+    "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
     "durability_cost_12": partial(durability_cost, cost=0.12),
