@@ -35,7 +35,7 @@ from openstamp.errors import RepairError
 from openstamp.generate import sample_completions
 from openstamp.models import model_device
 from openstamp.patch import head, is_tied
-from openstamp.text import bos_prefix, encode
+from openstamp.text import bos_prefix, document_windows
 
 WARMUP_STEPS = 10  # linear warm-up of the learning rate, then a cosine over the budget
 PROMPT_TOKENS = 16  # document tokens that start each sampled window
@@ -77,20 +77,6 @@ def require_retied(model: PreTrainedModel, tied_head: str) -> None:
         )
     if tied_head != "retie":
         raise RepairError(f"the backbone repair is for re-tied releases (tied_head 'retie'), not {tied_head!r}")
-
-
-def document_windows(tokenizer: PreTrainedTokenizerBase, documents: list[Document], seq_len: int) -> torch.Tensor:
-    """Consecutive full windows of every document, BOS first: long (N, seq_len)."""
-    prefix = bos_prefix(tokenizer)
-    body = seq_len - len(prefix)
-    rows = [
-        prefix + ids[start : start + body]
-        for ids in encode(tokenizer, [d.text for d in documents])
-        for start in range(0, len(ids) - body + 1, body)
-    ]
-    if not rows:
-        raise RepairError(f"no document holds {body} tokens; lower the repair's seq_len or give longer documents")
-    return torch.tensor(rows, dtype=torch.long)
 
 
 def _check_pair(release: PreTrainedModel, original: PreTrainedModel) -> None:

@@ -59,6 +59,20 @@ def prompt_windows(
     return windows
 
 
+def document_windows(tokenizer: PreTrainedTokenizerBase, documents: list, seq_len: int) -> torch.Tensor:
+    """Consecutive full windows of every document, BOS first: long (N, seq_len)."""
+    prefix = bos_prefix(tokenizer)
+    body = seq_len - len(prefix)
+    rows = [
+        prefix + ids[start : start + body]
+        for ids in encode(tokenizer, [d.text for d in documents])
+        for start in range(0, len(ids) - body + 1, body)
+    ]
+    if not rows:
+        raise ValueError(f"no document holds {seq_len} tokens; lower seq_len or use a longer corpus")
+    return torch.tensor(rows, dtype=torch.long)
+
+
 def token_frequencies(tokenizer: PreTrainedTokenizerBase, documents: list, vocab_size: int) -> torch.Tensor:
     """How often each token id occurs in ``documents`` (objects with ``.text``), as fp32 weights summing to 1, (V,)."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)

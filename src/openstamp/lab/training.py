@@ -16,13 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 from openstamp.config import check, option
-from openstamp.corpus import Document
 from openstamp.models import model_device
 from openstamp.patch import head, untie
-from openstamp.text import bos_prefix, encode
+from openstamp.text import document_windows
 
 MODES = ("lora", "full", "head")
 
@@ -63,18 +62,7 @@ class TrainConfig:
         return sorted({0, *range(self.every, self.steps + 1, self.every), self.steps})
 
 
-def training_windows(tokenizer: PreTrainedTokenizerBase, documents: list[Document], seq_len: int) -> torch.Tensor:
-    """Consecutive full windows of every document, BOS first: long (N, seq_len)."""
-    prefix = bos_prefix(tokenizer)
-    body = seq_len - len(prefix)
-    rows = [
-        prefix + ids[start : start + body]
-        for ids in encode(tokenizer, [d.text for d in documents])
-        for start in range(0, len(ids) - body + 1, body)
-    ]
-    if not rows:
-        raise ValueError(f"no document holds {seq_len} tokens; lower seq_len or use a longer corpus")
-    return torch.tensor(rows, dtype=torch.long)
+training_windows = document_windows  # the product's windows: the attacks and distillation train on the same
 
 
 def lora_targets(model: PreTrainedModel) -> list[str]:
