@@ -63,8 +63,19 @@ def calibration_lengths(root: Path) -> list[str]:
 
 def tune_split_points(root: Path) -> list[dict]:
     """Every point of the tune split's key 0 in key_variants*.json (one file per run of
-    benchmarks/frontier/key_variants.py); fresh keys (the test split) are fresh_keys' table."""
-    points = [p for path in sorted(root.glob("key_variants*.json")) for p in read(path)["points"].values()]
+    benchmarks/frontier/key_variants.py); fresh keys (the test split) are fresh_keys' table. Variants are named
+    against 0.1.0's default key (the projected profile); a run on the default profile of 0.2.0 (raw-centred-f4 in
+    those terms) names its variants 'default', as ``centred`` there is that key."""
+    points = []
+    for path in sorted(root.glob("key_variants*.json")):
+        r = read(path)
+        on_default = r["settings"].get("profile") == "default" and r["versions"]["openstamp"] != "0.1.0"
+        for p in r["points"].values():
+            if on_default:
+                parts = p["variant"].split("-")
+                rest = [x for x in parts if x not in ("centred", "plain")]
+                p = {**p, "variant": "-".join(["default" if "centred" in parts else "default-uncentred", *rest])}
+            points.append(p)
     return [p for p in points if not p.get("key", 0)]
 
 

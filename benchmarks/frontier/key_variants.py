@@ -14,7 +14,12 @@ A variant is named by dash-joined parts, each changing one setting of the profil
 * ``g<x>``: green fraction ``green.gamma`` x;
 * ``L<n>``: ``selector.n_lists`` n;
 * ``c<x>``: the consistency penalty's weight ``selector.consistency`` x;
-* ``F<x>``: the input-side Fisher penalty's weight ``selector.fisher`` x.
+* ``F<x>``: the input-side Fisher penalty's weight ``selector.fisher`` x;
+* ``N<n>``: ``states.n_states`` n, and ``P<n>``: ``states.positions_per_window`` n (P240 with 256-token windows
+  takes every position after the first 16). A variant with its own states writes them in shards under
+  ``--states-dir`` and fits S by streaming over them (``openstamp.state_shards``), as ``embed --states-dir`` does;
+* ``R<x>``: the re-tied release's backbone repaired for x minutes (``openstamp.repair``, as ``embed
+  --repair-minutes`` does) at each delta, before its completions are sampled; the point keeps the repair's report.
 
 For example ``raw-centred-f8-g0.1``. ``--keys K`` measures K keys, each with its own secret (S and P do not depend
 on the secret, so they are fitted once); ``--split tune`` uses the first ``n`` held-out prompts and ``--split test``
@@ -32,6 +37,7 @@ tokens). Writes benchmarks/results/key_variants.json atomically, after every poi
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import hashlib
 import math
@@ -71,6 +77,9 @@ NUMBERED = {
     "L": ("selector.n_lists", int),
     "c": ("selector.consistency", float),
     "F": ("selector.fisher", float),
+    "N": ("states.n_states", int),
+    "P": ("states.positions_per_window", int),
+    "R": ("repair.minutes", float),  # not a profile setting: measure() repairs the release
 }
 
 
@@ -99,19 +108,27 @@ def secret(index: int) -> bytes:
     return SECRET if index == 0 else hashlib.sha256(b"openstamp/key-variants/" + index.to_bytes(4, "little")).digest()
 
 
-def keys(model, tok, documents, names, profile, key_ids, progress):
-    """(variant, key index) -> key, from one set of states (P and S refitted only where their settings differ)."""
+def keys(model, tok, documents, names, profile, key_ids, progress, states_dir: Path):
+    """(variant, key index) -> key, from one set of states (P and S refitted only where their settings differ; a
+    variant with its own states settings gets its own states, in shards under ``states_dir``)."""
     cfg = load_profile(profile)
-    states = collect_states(model, tok, documents, cfg.states, progress)
+    shared = None
     weights = token_frequencies(tok, documents, model.get_output_embeddings().weight.shape[0])
     fitted, out = {}, {}
     for name in names:
         overrides, centre = parse_variant(name)
-        variant_cfg = cfg.with_overrides(dict(overrides))
+        overrides = {k: v for k, v in overrides.items() if not k.startswith("repair.")}
+        variant_cfg = cfg.with_overrides(overrides)
         fit = tuple(sorted((k, v) for k, v in overrides.items() if not k.startswith("green.")))
         for index in key_ids:
-            if fit not in fitted:
-                fitted[fit] = build_key(model, tok, documents, variant_cfg, secret=secret(index), states=states,
+            if fit not in fitted and any(k.startswith("states.") for k in overrides):
+                where = states_dir / "-".join(f"{k.split('.')[-1]}{v}" for k, v in fit if k.startswith("states."))
+                fitted[fit] = build_key(model, tok, documents, variant_cfg, secret=secret(index), states_dir=where,
+                                        progress=progress)  # fmt: skip
+            elif fit not in fitted:
+                if shared is None:
+                    shared = collect_states(model, tok, documents, cfg.states, progress)
+                fitted[fit] = build_key(model, tok, documents, variant_cfg, secret=secret(index), states=shared,
                                         progress=progress)  # fmt: skip
             key = dataclasses.replace(
                 fitted[fit], secret=secret(index), gamma=variant_cfg.green.gamma, centring=None, meta={}
@@ -120,24 +137,34 @@ def keys(model, tok, documents, names, profile, key_ids, progress):
     return out
 
 
-def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progress) -> dict:
+def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progress, repair=None) -> dict:
     """TPR, own-PPL change and the LLR decomposition of ``key`` at ``delta`` (the model is left as it was); TPR also
-    with the first k tokens of each text skipped, for each k in ``skips`` (0 is always measured)."""
+    with the first k tokens of each text skipped, for each k in ``skips`` (0 is always measured). ``repair``
+    ((documents, RepairConfig) or None) repairs a copy of the release's backbone first and detects on that copy."""
     key = dataclasses.replace(key, delta=delta)
     bos = bos_prefix(tok)
     human = [h for _, h in pairs]
-    apply_watermark(model, key, "retie")
+    release, report = model, None
+    if repair is not None:
+        from openstamp.repair import repair_backbone
+
+        release = copy.deepcopy(model)
+        apply_watermark(release, key, "retie")
+        report = repair_backbone(release, model, tok, *repair, progress=progress)
+    else:
+        apply_watermark(model, key, "retie")
     try:
         ids = sample_completions(
-            model, tok, [p for p, _ in pairs], tune_cfg.tokens, seed=0, batch_size=tune_cfg.batch_size,
+            release, tok, [p for p, _ in pairs], tune_cfg.tokens, seed=0, batch_size=tune_cfg.batch_size,
             progress=progress,
         )  # fmt: skip
-        nll = window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=tune_cfg.batch_size)
+        nll = window_nll(release, [(bos + p, h) for p, h in pairs], batch_size=tune_cfg.batch_size)
     finally:
-        revert_watermark(model, key)
+        if repair is None:
+            revert_watermark(model, key)
     wm_texts = tok.batch_decode(ids, skip_special_tokens=True)
     hu_texts = tok.batch_decode(human, skip_special_tokens=True)
-    detector, results = Detector(model, tok, key, DetectConfig(alpha=tune_cfg.fpr)), {}
+    detector, results = Detector(release, tok, key, DetectConfig(alpha=tune_cfg.fpr)), {}
     for skip in skips:  # one detector (one watermarked copy), its config changed per k
         detector.config = dataclasses.replace(detector.config, skip_tokens=skip)
         results[skip] = detector.detect(wm_texts), detector.detect(hu_texts)
@@ -167,6 +194,7 @@ def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progre
         "mean_llr_human": sum(hu_scores) / len(hu_scores),
         "by_skip": by_skip,
         **budget,
+        **({"repair": report} if report is not None else {}),
     }
 
 
@@ -184,6 +212,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--out", type=Path, default=RESULTS / "key_variants.json")
+    parser.add_argument("--states-dir", type=Path, default=Path("runs/key-variants-states"),
+                        help="where variants with their own states settings write them (shards)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -195,7 +225,7 @@ def main() -> None:
     key_ids = range(args.first_key, args.first_key + args.keys)
     skips = sorted({0, *(int(k) for k in args.skips.split(","))})
     deltas = [float(d) for d in args.deltas.split(",")]
-    settings = {k: str(v) for k, v in vars(args).items() if k not in ("quiet", "out")}
+    settings = {k: str(v) for k, v in vars(args).items() if k not in ("quiet", "out", "states_dir")}
     record = read_json(args.out, "results") if args.out.exists() else {}
     if record.get("settings") != settings:
         record = {"settings": settings, "versions": versions(), "points": {}}
@@ -208,7 +238,7 @@ def main() -> None:
     bos = bos_prefix(tok)
     original_nll = window_nll(model, [(bos + p, h) for p, h in pairs], batch_size=tune_cfg.batch_size)
     start = time.time()
-    variant_keys = keys(model, tok, train, names, args.profile, key_ids, not args.quiet)
+    variant_keys = keys(model, tok, train, names, args.profile, key_ids, not args.quiet, args.states_dir)
     record["key_seconds"] = time.time() - start
     for name in names:
         for index in key_ids:
@@ -218,7 +248,9 @@ def main() -> None:
                     continue
                 t0 = time.time()
                 key = variant_keys[name, index]
-                point = measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, not args.quiet)
+                minutes = parse_variant(name)[0].get("repair.minutes")
+                repair = None if minutes is None else (train, repair_config(minutes))
+                point = measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, not args.quiet, repair)
                 record["points"][label] = {"variant": name, "key": index, **point, "seconds": time.time() - t0}
                 atomic_write_json(args.out, record)
                 print(
@@ -227,6 +259,12 @@ def main() -> None:
                     flush=True,
                 )
     print(f"wrote {args.out}")
+
+
+def repair_config(minutes: float):
+    from openstamp.repair import RepairConfig  # only where a variant repairs
+
+    return RepairConfig(minutes=minutes)
 
 
 def fmt(value) -> str:
