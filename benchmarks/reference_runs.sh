@@ -355,6 +355,11 @@ frontier() {
   $V --variants raw-centred-f4-g0.1 --deltas 0.6,0.7 --out benchmarks/results/key_variants_sharper_more.json
   $V --variants raw-centred-f4-c0.1,raw-centred-f4-c0.3,raw-centred-f4-F1,raw-centred-f4-F10 --deltas 0.35 \
     --out benchmarks/results/key_variants_penalties.json
+  # the default key on every position of the held-in windows (390,480 states, in shards), and 0.1.0's default key
+  # with its re-tied backbone repaired for 15 minutes (openstamp.repair) before sampling
+  $PY benchmarks/frontier/key_variants.py --profile default --variants centred-P240-N400000 --deltas 0.25,0.35 \
+    --out benchmarks/results/key_variants_states.json
+  $V --variants plain-R15 --deltas 0.5 --out benchmarks/results/key_variants_repair.json
   # the chosen default against 0.1.0's on 5 fresh keys and the next 64 prompts (the test split)
   $V --variants plain,raw-centred-f4 --deltas 0.35,0.5 --split test --keys 5 --first-key 1 \
     --out benchmarks/results/key_variants_fresh_keys.json
