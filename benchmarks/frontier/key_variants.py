@@ -58,6 +58,7 @@ from openstamp.lab.evaluation.budget import cost_nats, llr_budget  # noqa: E402
 from openstamp.models import load_model  # noqa: E402
 from openstamp.patch import apply_watermark, revert_watermark  # noqa: E402
 from openstamp.quality import perplexity, window_nll  # noqa: E402
+from openstamp.repair import RepairConfig, repair_backbone  # noqa: E402
 from openstamp.stats import clopper_pearson  # noqa: E402
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 from openstamp.text import bos_prefix, token_frequencies  # noqa: E402
@@ -146,8 +147,6 @@ def measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, progre
     human = [h for _, h in pairs]
     release, report = model, None
     if repair is not None:
-        from openstamp.repair import repair_backbone
-
         release = copy.deepcopy(model)
         apply_watermark(release, key, "retie")
         report = repair_backbone(release, model, tok, *repair, progress=progress)
@@ -249,7 +248,7 @@ def main() -> None:
                 t0 = time.time()
                 key = variant_keys[name, index]
                 minutes = parse_variant(name)[0].get("repair.minutes")
-                repair = None if minutes is None else (train, repair_config(minutes))
+                repair = None if minutes is None else (train, RepairConfig(minutes=minutes))
                 point = measure(model, tok, key, delta, pairs, tune_cfg, original_nll, skips, not args.quiet, repair)
                 record["points"][label] = {"variant": name, "key": index, **point, "seconds": time.time() - t0}
                 atomic_write_json(args.out, record)
@@ -259,12 +258,6 @@ def main() -> None:
                     flush=True,
                 )
     print(f"wrote {args.out}")
-
-
-def repair_config(minutes: float):
-    from openstamp.repair import RepairConfig  # only where a variant repairs
-
-    return RepairConfig(minutes=minutes)
 
 
 def fmt(value) -> str:
