@@ -92,10 +92,13 @@ def tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="session", params=["tied", "untied"])
 def tiny_model_dir(request, tmp_path_factory, tokenizer) -> Path:
     """A saved tiny Llama (tied and untied) with its tokenizer: a normal HF directory."""
-    path = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    # vocab rows beyond the tokenizer exercise the padding-row rule
-    model = make_model(request.param == "tied", vocab_size=len(tokenizer) + 12)
-    model.save_pretrained(path)
+    return save_tiny(tmp_path_factory.mktemp(f"tiny-{request.param}"), tokenizer, tied=request.param == "tied")
+
+
+def save_tiny(path: Path, tokenizer, *, tied: bool) -> Path:
+    """A tiny Llama and ``tokenizer`` saved in ``path``; vocab rows beyond the tokenizer exercise the padding-row
+    rule."""
+    make_model(tied, vocab_size=len(tokenizer) + 12).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -166,10 +169,7 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tied_dir(tokenizer, tmp_path_factory):
     """A saved tiny tied Llama (a base to re-tie); one per test module."""
-    path = tmp_path_factory.mktemp("tied-base")
-    make_model(tied=True, vocab_size=len(tokenizer) + 12).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny(tmp_path_factory.mktemp("tied-base"), tokenizer, tied=True)
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +181,21 @@ def retied(tied_dir, corpus_file, tiny_config, tmp_path_factory):
     cfg = tiny_config.with_overrides({"green.delta": 2.0})
     embed(str(tied_dir), str(corpus_file), root / "model", root / "key", cfg, progress=False)
     return root
+
+
+def completion_auroc(marked, base, tokenizer, detector, documents) -> float:
+    """AUROC of ``detector``'s scores between 48-token completions of 24 document prompts (their first 8 tokens)
+    sampled from ``marked`` and from ``base``."""
+    from sklearn.metrics import roc_auc_score
+
+    from openstamp.generate import sample_completions
+
+    ids = tokenizer([d.text for d in documents[:24]], add_special_tokens=False).input_ids
+    prompts = [x[:8] for x in ids]
+    wm = sample_completions(marked, tokenizer, prompts, 48, seed=0, progress=False)
+    plain = sample_completions(base, tokenizer, prompts, 48, seed=0, progress=False)
+    scores = [r.score for r in detector.detect(wm + plain)]
+    return roc_auc_score([1] * len(wm) + [0] * len(plain), scores)
 
 
 def saved_tensors(directory) -> dict[str, torch.Tensor]:
@@ -198,10 +213,7 @@ ATTACK_METHODS = ("openstamp-nosem", "unremovable", "kgw")  # two weight-level m
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, tokenizer):
     """The untied tiny Llama the attack tests watermark (vocab rows beyond the tokenizer included)."""
-    path = tmp_path_factory.mktemp("tiny-attack")
-    make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny(tmp_path_factory.mktemp("tiny-attack"), tokenizer, tied=False)
 
 
 @pytest.fixture(scope="session")

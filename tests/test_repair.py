@@ -4,8 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, saved_tensors
-from sklearn.metrics import roc_auc_score
+from conftest import SMALL_EMBED, completion_auroc, saved_tensors
 from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
@@ -13,7 +12,6 @@ from openstamp.cli import app
 from openstamp.corpus import load_documents, split_documents
 from openstamp.detect import Detector
 from openstamp.errors import InvalidKeyError, KeyMismatchError, RepairError
-from openstamp.generate import sample_completions
 from openstamp.key import WatermarkKey
 from openstamp.models import load_model
 from openstamp.patch import head, is_tied
@@ -91,11 +89,7 @@ def test_detection_runs_on_the_repaired_release_and_refuses_the_original(repaire
     key = WatermarkKey.load(repaired["root"] / "key")
     assert key.meta["repair"] == repaired["report"]
     docs = load_documents(str(corpus_file))
-    prompts = [ids[:8] for ids in tok([d.text for d in docs[:24]], add_special_tokens=False).input_ids]
-    wm = sample_completions(release, tok, prompts, 48, seed=0, progress=False)
-    plain = sample_completions(base, tok, prompts, 48, seed=0, progress=False)
-    scores = [r.score for r in Detector(release, tok, key).detect(wm + plain)]
-    assert roc_auc_score([1] * len(wm) + [0] * len(plain), scores) > 0.9
+    assert completion_auroc(release, base, tok, Detector(release, tok, key), docs) > 0.9
     with pytest.raises(KeyMismatchError, match="Detect with the released checkpoint"):
         Detector(base, tok, key)
 
