@@ -524,6 +524,13 @@ def test_a_run_written_before_a_new_setting_still_resumes(tmp_path):
         pipeline._check_config(EvalConfig(lengths=(32,)), tmp_path)
 
 
+def test_one_length_or_seed_given_as_a_number():
+    # --set lengths=64 and --set seeds=1 reach from_dict as YAML numbers, not lists or strings
+    cfg = EvalConfig.from_dict({"lengths": 64, "seeds": 1})
+    assert cfg.lengths == (64,) and cfg.seeds == (1,)
+    assert EvalConfig.from_dict({"lengths": "16,32"}).lengths == (16, 32)
+
+
 def test_a_run_grows_by_seeds_and_methods_but_not_by_other_changes(tmp_path):
     pipeline._check_config(EvalConfig(seeds=(0,), methods=("openstamp", "kgw")), tmp_path)
     grown = EvalConfig(seeds=(0, 1, 2), methods=("openstamp", "kgw", "sir"))

@@ -86,6 +86,8 @@ class EvalConfig:
         for name in ("methods", "seeds", "lengths", "downstream"):
             if name in data and isinstance(data[name], str):
                 data[name] = [v.strip() for v in data[name].split(",") if v.strip()]
+            elif name in data and isinstance(data[name], int):  # --set lengths=64 reads as one number
+                data[name] = [data[name]]
             if name in data:
                 data[name] = tuple(int(v) if name in ("seeds", "lengths") else v for v in data[name])
         return cls(**data)
