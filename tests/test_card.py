@@ -43,6 +43,7 @@ def test_embed_writes_a_card_and_watermark_json_without_key_material(release):
     assert "base_model" not in header  # not a hub id: the Hub would reject it
     assert "OpenStamp: A Watermark for Open-Source Language Models" in card and key.key_id in card
     assert "contact the owner" in card
+    assert disclosure["backbone_repaired"] is False and "only the\nunembedding differs" in card
     for name in (CARD_FILE, DISCLOSURE_FILE):
         data = (model_dir / name).read_bytes()
         for what, needles in key_needles(key).items():

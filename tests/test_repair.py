@@ -132,5 +132,7 @@ def test_cli_embed_repairs_a_re_tied_release_and_refuses_an_untied_model(tiny_mo
     assert report["steps"] >= 1 and report["settings"]["minutes"] == 0.03
     release = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert is_tied(release)
+    assert json.loads((tmp_path / "model" / "watermark.json").read_text())["backbone_repaired"] is True
+    assert "layers were trained a little after" in (tmp_path / "model" / "README.md").read_text()
     untie = runner.invoke(app, [*args, "--tied-head", "untie", "--overwrite"])
     assert untie.exit_code == 2 and "untie" in untie.output

@@ -59,6 +59,9 @@ class Disclosure:
     tied_head: str = field(metadata={"help": "tied-head mode"})
     base_model: str = field(metadata={"help": "base model"})
     verify_url: str | None = field(default=None, metadata={"help": "detection service"})
+    backbone_repaired: bool = field(
+        default=False, metadata={"help": "layers retrained after re-tying (openstamp embed --repair-minutes)"}
+    )
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[0-9a-f]{16}", self.key_id):
@@ -81,6 +84,7 @@ class Disclosure:
             tied_head=tied_head_mode(key),
             base_model=public_name(base_model),
             verify_url=verify_url,
+            backbone_repaired=bool(key.meta.get("repair")),
         )
 
     @classmethod
@@ -144,7 +148,8 @@ def model_card(disclosure: Disclosure, base_header: dict[str, Any] | None = None
         header["base_model"] = d.base_model
     header.update(base_header or {})
     header["tags"] = TAGS
-    values = {**d.to_dict(), "tied_head": f"{d.tied_head}: {TIED_HEAD[d.tied_head]}"}
+    values = {**d.to_dict(), "tied_head": f"{d.tied_head}: {TIED_HEAD[d.tied_head]}",
+              "backbone_repaired": "yes" if d.backbone_repaired else "no"}  # fmt: skip
     rows = [f"| {f.metadata['help']} | {values[f.name] or '-'} |" for f in fields(d) if f.name != "verify_url"]
     if d.verify_url:
         verify = (
@@ -162,6 +167,14 @@ def model_card(disclosure: Disclosure, base_header: dict[str, Any] | None = None
         if d.tied_head == "untie"
         else ""
     )
+    differs = (
+        "Its unembedding (`lm_head`) carries the watermark, and its layers were trained a little after\n"
+        "the watermark went in, so that its text reads like the base's; the architecture, tokenizer\n"
+        "and parameter count are the base's."
+        if d.backbone_repaired
+        else "It loads and runs like its base model; only the\nunembedding differs (for a model with tied "
+        "embeddings, the one matrix they share)."
+    )
     base_license = (base_header or {}).get("license")
     license_line = f" Its license carries over: `{base_license}`." if base_license else ""
     return f"""---
@@ -171,9 +184,8 @@ def model_card(disclosure: Disclosure, base_header: dict[str, Any] | None = None
 # A watermarked release of {d.base_model}
 
 This checkpoint carries a watermark in its unembedding matrix (`lm_head`), written with
-**{d.method}**, the method of *{d.paper}*. It loads and runs like its base model; only the
-unembedding differs (for a model with tied embeddings, the one matrix they share). Text it
-generates can later be attributed to it by whoever holds the watermark's private key.
+**{d.method}**, the method of *{d.paper}*. {differs} Text it generates can later be attributed
+to it by whoever holds the watermark's private key.
 
 | | |
 |---|---|

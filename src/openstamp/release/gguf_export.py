@@ -208,9 +208,11 @@ def _metadata(writer: GGUFWriter, config, name: str, file_type: str) -> None:
 
 
 def _disclosure(writer: GGUFWriter, disclosure: Disclosure) -> None:
-    """The release's disclosure as ``openstamp.<field>`` keys (strings, uint32, float64)."""
+    """The release's disclosure as ``openstamp.<field>`` keys (strings, bools, uint32, float64)."""
     for key, value in disclosure.gguf_metadata().items():
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, str):
             writer.add_string(key, value)
         elif isinstance(value, int):
             writer.add_uint32(key, value)
