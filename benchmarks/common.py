@@ -130,6 +130,19 @@ def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str
     return out
 
 
+def sweep(root: Path, variants: bool = True) -> dict:
+    """The sweep's results, with each matching shrinkage variant's points as a method '<method> (shrinkage f)'."""
+    r = read(root / "sweep" / "results.json")
+    if not variants:
+        return r
+    out = {**r, "summary": list(r["summary"]), "length_curve": list(r.get("length_curve", []))}
+    for _, v, method, name, why in kept_variants(r, root / "sweep"):
+        if not why:
+            out["summary"] += [{**s, "method": name} for s in v["summary"] if s["method"] == method]
+            out["length_curve"] += [{**row, "method": name} for row in v["length_curve"] if row["method"] == method]
+    return out
+
+
 def variant_name(method: str, shrinkage: float, centre: bool) -> str:
     """How tables and plots name a kept variant: '<method> (shrinkage f)' or '<method> (shrinkage f, centred)'."""
     return f"{method} (shrinkage {shrinkage:g}" + (", centred)" if centre else ")")

@@ -8,7 +8,8 @@
 #
 # Stages: frontier (what it costs and buys), lengths (how short a text can be), fpr (the false-positive rate per key),
 # paraphrase, durability (quantization, merging, pruning, fine-tuning), speed, settings (which strength), losses
-# (where OpenStamp loses). paraphrase and durability attack the sweep's evals, which frontier leaves in runs/.
+# (where OpenStamp loses), qwen_frontier (the frontier on the second model, Qwen2.5-Coder-0.5B). paraphrase and
+# durability attack the sweep's evals, which frontier leaves in runs/.
 #
 # Every command resumes where it stopped when run again, and each result is copied into benchmarks/results/ when its
 # stage has made it. Logs go to runs/logs/<stage>.log.
@@ -365,6 +366,38 @@ frontier() {
     --out benchmarks/results/key_variants_fresh_keys.json
   $PY benchmarks/frontier/frontier_plot.py
 }
+qwen_frontier() {
+  # the frontier on the second model, Qwen2.5-Coder-0.5B (tied, 151,936 tokens): the default key (openstamp-nosem,
+  # shrinkage 4, centred), the same key with the projection, KGW+LLR and Unremovable, 3 strengths each, n 100, 200 new
+  # tokens with the length curve at 64, each seed a shard from an empty store as in sweep(), kept under
+  # benchmarks/results/qwen05/frontier/seeds/ and merged once seeds 0 and 1 are kept; then Unremovable rescored with
+  # the LLR (openstamp analyze llr). QWEN_SEEDS="1" runs one seed; an interrupted seed resumes from its store
+  local K=benchmarks/results/qwen05/frontier all=(0 1)
+  local both='{"shrinkage": 4, "centre": true}'
+  bash scripts/install_assets.sh qwen05
+  for seed in ${QWEN_SEEDS:-${all[@]}}; do
+    local R=runs/qwen-frontier-s$seed
+    if [ ! -f $K/seeds/s$seed/results.json ]; then
+      $OPENSTAMP eval --model qwen2.5-coder-0.5b --methods openstamp-nosem,openstamp,kgw-llr,unremovable --sweep \
+        --set 'grids={"openstamp-nosem": [0.125, 0.25, 0.375], "openstamp": [0.125, 0.25, 0.375],
+          "kgw-llr": [0.5, 1.0, 1.5], "unremovable": [0.2, 0.4, 0.6]}' \
+        --set "method_settings={\"openstamp\": $both, \"openstamp-nosem\": $both}" --n 100 --new-tokens 200 \
+        --set lengths=64 --seeds $seed --store $R-store --out $R
+      mkdir -p $K/seeds/s$seed
+      cp $R/results.json $R/report.md $K/seeds/s$seed/
+    fi
+    [ -f $K/seeds/s$seed/llr.json ] && continue
+    $OPENSTAMP analyze llr --eval $R --out $R-llr
+    cp $R-llr/results.json $K/seeds/s$seed/llr.json
+  done
+  local kept=()
+  for seed in "${all[@]}"; do
+    [ -f $K/seeds/s$seed/results.json ] || return 0
+    kept+=($K/seeds/s$seed/results.json)
+  done
+  $OPENSTAMP merge-runs "${kept[@]}" --out runs/qwen-frontier-merged
+  cp runs/qwen-frontier-merged/results.json runs/qwen-frontier-merged/report.md runs/qwen-frontier-merged/*.png $K/
+}
 lengths() {
   # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,
   # 32, 64 and 128 tokens) from a cold start, timed (the speed section reads its timings), then what each method's
@@ -483,11 +516,12 @@ losses() {
 
 main() {
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(frontier lengths fpr paraphrase durability speed settings losses)
+  [ ${#stages[@]} -gt 0 ] || stages=(frontier lengths fpr paraphrase durability speed settings losses qwen_frontier)
   for stage in "${stages[@]}"; do
     case $stage in
-      frontier | lengths | fpr | paraphrase | durability | speed | settings | losses) ;;
-      *) echo "unknown stage $stage: frontier lengths fpr paraphrase durability speed settings losses"; exit 2 ;;
+      frontier | lengths | fpr | paraphrase | durability | speed | settings | losses | qwen_frontier) ;;
+      *) echo "unknown stage $stage: frontier lengths fpr paraphrase durability speed settings losses qwen_frontier"
+         exit 2 ;;
     esac
     echo "[reference] $stage: log in runs/logs/$stage.log"
     local start=$(date +%s)

@@ -16,7 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from attack_tables import durability, durability_cost, paraphrase
-from common import COST, RESULTS, TPR, default_method, kept_variants, pct, rate, read, table
+from common import COST, RESULTS, TPR, default_method, pct, rate, read, sweep, table
+from model_tables import both_models, qwen_frontier
 from product_tables import (
     calibration_lengths,
     chat,
@@ -37,19 +38,6 @@ BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 
 # -- what it costs and what it buys: the Pareto sweep (and its shrinkage variants), the second-order ceiling
-
-
-def sweep(root: Path, variants: bool = True) -> dict:
-    """The sweep's results, with each matching shrinkage variant's points as a method '<method> (shrinkage f)'."""
-    r = read(root / "sweep" / "results.json")
-    if not variants:
-        return r
-    out = {**r, "summary": list(r["summary"]), "length_curve": list(r.get("length_curve", []))}
-    for _, v, method, name, why in kept_variants(r, root / "sweep"):
-        if not why:
-            out["summary"] += [{**s, "method": name} for s in v["summary"] if s["method"] == method]
-            out["length_curve"] += [{**row, "method": name} for row in v["length_curve"] if row["method"] == method]
-    return out
 
 
 def equal_cost(root: Path) -> list[str]:
@@ -217,6 +205,8 @@ TABLES = {
     "key_variants": key_variants,
     "skipped_tokens": skipped_tokens,
     "fresh_keys": fresh_keys,
+    "qwen_frontier": qwen_frontier,
+    "both_models": both_models,
 }
 
 

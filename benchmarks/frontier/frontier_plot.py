@@ -15,10 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, render.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-from common import COST, RESULTS, TPR, default_method  # noqa: E402
-from render import sweep  # noqa: E402
+from common import COST, RESULTS, TPR, default_method, sweep  # noqa: E402
 
 from openstamp.config import load_profile  # noqa: E402
 from openstamp.lab.evaluation.metrics import interval  # noqa: E402

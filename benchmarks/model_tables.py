@@ -1,0 +1,80 @@
+"""docs/results.md's tables of the second model (Qwen2.5-Coder-0.5B) beside the first (SmolLM2-135M): its frontier
+point by point, and each method's reading at equal cost on both. Each is a function from the results folder to
+markdown lines (render.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common import COST, TPR, pct, rate, read, sweep, table, variant_name
+
+from openstamp.lab.evaluation.pareto import at_equal_cost
+
+FRONTIER = "qwen05/frontier"  # benchmarks/results/<FRONTIER>/: the qwen_frontier stage's merge, or its kept seeds
+
+
+def second_model(root: Path) -> dict:
+    """The qwen_frontier stage's results (the merge of its seeds, else its one kept seed), each OpenStamp method named
+    by its settings as the first model's kept variants are (``variant_name``), with Unremovable's LLR rescoring of
+    each seed (``llr``: (strength, seed) -> TPR@1%FPR)."""
+    folder = root / FRONTIER
+    merged = folder / "results.json"
+    seeds = sorted((folder / "seeds").glob("s*/results.json"))
+    r = read(merged if merged.exists() else seeds[0])
+    names = {
+        m: variant_name(m, s["shrinkage"], s.get("centre", False)) for m, s in r["config"]["method_settings"].items()
+    }
+    rename = lambda row: {**row, "method": names.get(row["method"], row["method"])}  # noqa: E731
+    llr = {}
+    for path in seeds:
+        for row in read(path.parent / "llr.json")["rows"] if (path.parent / "llr.json").exists() else []:
+            llr[row["method"], row["strength"], path.parent.name] = row["llr"][TPR]
+    return {**r, "summary": [rename(s) for s in r["summary"]], "length_curve": [rename(c) for c in r["length_curve"]],
+            "llr": llr}  # fmt: skip
+
+
+def at_length(r: dict, tokens: int) -> list[dict]:
+    """The summary's points with TPR@1%FPR read at ``tokens`` (the length curve) instead of the full length."""
+    tprs = {(c["method"], c["strength"]): c[TPR] for c in r["length_curve"] if c["tokens"] == tokens}
+    return [{**s, TPR: {"mean": tprs[s["method"], s["strength"]]}} for s in r["summary"]]
+
+
+def qwen_frontier(root: Path) -> list[str]:
+    """Every point of the second model's frontier: cost (own and oracle perplexity) and TPR at 64 and 200 tokens."""
+    r = second_model(root)
+    tokens, short_tokens = r["config"]["new_tokens"], min(c["tokens"] for c in r["length_curve"])
+    short = at_length(r, short_tokens)
+    cut = {(s["method"], s["strength"]): s[TPR]["mean"] for s in short}
+    rows = []
+    for s in r["summary"]:
+        llr = [v for (m, x, _), v in r["llr"].items() if m == s["method"] and x == s["strength"]]
+        rows.append(
+            [s["method"], f"{s['strength']:g}", pct(s[COST]["mean"]), f"{s['ppl_median']['mean']:.1f}",
+             rate(cut[s["method"], s["strength"]]), rate(s[TPR]["mean"]), rate(s["tpr_at_0.1pct_fpr"]["mean"]),
+             rate(sum(llr) / len(llr)) if llr else "-"]
+        )  # fmt: skip
+    header = ["method", "strength", "own PPL change", "oracle PPL (median)", f"TPR@1%FPR, {short_tokens} tokens",
+              f"TPR@1%FPR, {tokens}", f"TPR@0.1%FPR, {tokens}", f"LLR TPR@1%FPR, {tokens}"]  # fmt: skip
+    return table(header, rows)
+
+
+def both_models(root: Path, cost: float = 0.10, target: float = 0.95) -> list[str]:
+    """Each method of the second model's frontier at ``cost`` own PPL and 64 tokens, and the own PPL change that
+    buys TPR ``target``, on both models: the first from the frontier stage's sweep and kept variants (common.sweep)."""
+    first = sweep(root)
+    second = second_model(root)
+    tokens = first["config"]["new_tokens"]
+    rows = []
+    for method in dict.fromkeys(s["method"] for s in second["summary"]):
+        cells = [method]
+        for summary in (first["summary"], at_length(second, tokens)):
+            if not any(s["method"] == method for s in summary):
+                cells += ["-", "-"]
+                continue
+            read_ = at_equal_cost(summary, method, COST, (cost,), target)
+            reach, curve = read_["cost"][0], read_["curve"]
+            cells += [rate(read_["tpr"][0][0]), pct(reach) if reach is not None else f"above {pct(curve[-1][0])}"]
+        rows.append(cells)
+    header = ["method", f"SmolLM2: TPR@1%FPR at {pct(cost)}", f"own PPL for {target:g}",
+              f"Qwen: TPR@1%FPR at {pct(cost)}", f"own PPL for {target:g}"]  # fmt: skip
+    return table(header, rows)
