@@ -233,3 +233,35 @@ def test_the_gguf_metadata_discloses_the_watermark(stamped, tmp_path):
                                  str(tmp_path / "off.gguf"), "--quant", "f32", "--no-disclose"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert not [k for k in GGUFReader(tmp_path / "off.gguf").fields if k.startswith("openstamp.")]
+
+
+def test_the_audit_reads_a_gguf_file(stamped, tiny_model_dir, tmp_path):
+    from openstamp.release.audit import audit
+
+    path = tmp_path / "release.gguf"
+    export_gguf(stamped / "model", path, "f32")
+    findings = audit(path, stamped / "key")
+    assert not [f for f in findings if f.severity == "high"], findings
+    by = {f.check: f for f in findings}
+    assert by["disclosure"].message.startswith("openstamp.* metadata disclose the watermark")
+    assert "carries the watermark" in by["fingerprint"].message  # F32 keeps the head bit for bit
+    with_base = audit(path, stamped / "key", str(tiny_model_dir))
+    assert any(f.check == "base" and "differs from the public base" in f.message for f in with_base)
+    assert not any(f.check == "base" and "tensors beyond lm_head" in f.message for f in with_base)
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF not really")
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        audit(tmp_path / "broken.gguf")
+
+
+def test_the_audit_flags_a_gguf_of_an_untied_export_of_a_tied_model(tiny_model_dir, corpus_file, tiny_config, tmp_path):
+    if not is_tied(AutoModelForCausalLM.from_pretrained(tiny_model_dir)):
+        pytest.skip("an untied base has no tied head to export untied")
+    from openstamp.release.audit import audit
+
+    cfg = tiny_config.with_overrides({"green.delta": 2.0})
+    embed(str(tiny_model_dir), str(corpus_file), tmp_path / "model", tmp_path / "key", cfg, progress=False,
+          tied_head="untie")  # fmt: skip
+    export_gguf(tmp_path / "model", tmp_path / "untied.gguf", "q8_0")
+    high = {f.check: f.message for f in audit(tmp_path / "untied.gguf", tmp_path / "key") if f.severity == "high"}
+    assert set(high) == {"tied head", "near copy"} and "not removal-resistant" in high["tied head"]
+    assert high["near copy"].startswith("token_embd.weight is a near copy of the original unembedding U")

@@ -1,4 +1,4 @@
-"""openstamp audit: what does a checkpoint directory leak before it is released?"""
+"""openstamp audit: what does a checkpoint directory or GGUF file leak before it is released?"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ STYLE = {"high": "bold red", "medium": "yellow", "info": "dim"}
 
 @friendly_errors
 def audit(
-    checkpoint: Path = typer.Argument(..., help="the checkpoint directory about to be released"),
+    checkpoint: Path = typer.Argument(..., help="the checkpoint directory, or .gguf file, about to be released"),
     key: Path | None = typer.Option(None, "--key", "-k", help="the private key, to look for its material"),
     base: str | None = typer.Option(None, help="the public base checkpoint (directory or packaged alias)"),
     near_cosine: float = typer.Option(

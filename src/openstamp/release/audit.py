@@ -1,6 +1,7 @@
-"""Release audit: what does a checkpoint directory leak before it is published?
+"""Release audit: what does a checkpoint directory, or a GGUF file, leak before it is published?
 
-Reads safetensors lazily (``safe_open``); never loads the model. Checks:
+Reads safetensors lazily (``safe_open``), and a GGUF file's tensors one at a time (dequantized);
+never loads the model. Checks:
 
 * key material: key files, key-like tensors or JSON, the secret's bytes (high). The disclosure a
   release makes by default, a model card and ``watermark.json`` (:mod:`openstamp.release.card`),
@@ -35,7 +36,7 @@ from openstamp.matrices import similarity
 from openstamp.models import resolve_model_path
 from openstamp.monitor import thread_count
 from openstamp.patch import tensor_sha256, tied_head_mode
-from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, read_disclosure
+from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, GGUF_PREFIX, Disclosure, read_disclosure
 from openstamp.release.checkpoint import SEVERITIES, Checkpoint, Finding, difference_blocks
 from openstamp.release.near import NEAR_COSINE, check_near_copies
 
@@ -107,24 +108,26 @@ def _text_file(ckpt: Checkpoint, file: Path) -> list[Finding]:
 
 
 def check_disclosure(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding]:
-    """The release's watermark.json holds the disclosure's fields and nothing else, for the given key."""
+    """The release's watermark.json (a GGUF file's ``openstamp.*`` metadata) holds the disclosure's
+    fields and nothing else, for the given key."""
+    where = f"{GGUF_PREFIX}* metadata" if ckpt.gguf is not None else DISCLOSURE_FILE
     try:
-        disclosure = read_disclosure(ckpt.path)
+        disclosure = _gguf_disclosure(ckpt) if ckpt.gguf is not None else read_disclosure(ckpt.path)
     except ValueError as err:
-        return [Finding("medium", "disclosure", f"{DISCLOSURE_FILE} is not a plain disclosure: {err}")]
+        return [Finding("medium", "disclosure", f"{where} is not a plain disclosure: {err}")]
     if disclosure is None:
-        return [Finding("info", "disclosure", f"no {DISCLOSURE_FILE}: the release does not say it is watermarked")]
+        return [Finding("info", "disclosure", f"no {where}: the release does not say it is watermarked")]
     if key is not None and disclosure.key_id != key.key_id:
-        return [
-            Finding(
-                "medium",
-                "disclosure",
-                f"{DISCLOSURE_FILE} names key {disclosure.key_id}, not the given key {key.key_id}",
-            )
-        ]
-    card = " and the model card" if (ckpt.path / CARD_FILE).is_file() else ""
+        named = f"{where} names key {disclosure.key_id}, not the given key {key.key_id}"
+        return [Finding("medium", "disclosure", named)]
+    card = " and the model card" if ckpt.gguf is None and (ckpt.path / CARD_FILE).is_file() else ""
     fields = [f"{k}: {v}" for k, v in disclosure.to_dict().items()]
-    return [Finding("info", "disclosure", f"{DISCLOSURE_FILE}{card} disclose the watermark, and only that", fields)]
+    return [Finding("info", "disclosure", f"{where}{card} disclose the watermark, and only that", fields)]
+
+
+def _gguf_disclosure(ckpt: Checkpoint) -> Disclosure | None:
+    fields = {k.removeprefix(GGUF_PREFIX): v for k, v in ckpt.fields.items() if k.startswith(GGUF_PREFIX)}
+    return Disclosure.from_dict(fields) if fields else None
 
 
 def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
@@ -262,6 +265,12 @@ def check_base(ckpt: Checkpoint, base: Checkpoint, base_name: str) -> list[Findi
                 )
             )
     findings += _copies_of_base(ckpt, base, base_name)
+    if ckpt.gguf is not None:  # llama.cpp's tensor names are not the base's: nothing else pairs up by name
+        kind = ckpt.fields.get("general.file_type")
+        return findings + [
+            Finding("info", "base", "a GGUF file: only its unembedding and copies of U are compared with the base; "
+                    f"a quantized file's head also differs by its rounding (general.file_type {kind})")
+        ]  # fmt: skip
     findings += _other_differences(ckpt, base, base_name, {ours, theirs, ckpt.head_name()})
     return findings
 
@@ -355,7 +364,7 @@ def audit(
         raise ValueError(f"near_cosine must be in (0, 1], not {near_cosine}")
     ckpt = Checkpoint(checkpoint)
     if not ckpt.index:
-        raise ValueError(f"{checkpoint} holds no safetensors weights to audit")
+        raise ValueError(f"{checkpoint} holds no safetensors weights to audit (audit a .gguf file by its path)")
     key = WatermarkKey.load(key_dir) if key_dir is not None else None
     findings = check_key_material(ckpt, key) + check_disclosure(ckpt, key) + check_tied(ckpt, key, near_cosine)
     if key is not None:
@@ -368,6 +377,9 @@ def audit(
         base_ckpt = Checkpoint(path)
         findings += check_base(ckpt, base_ckpt, base)
     findings += check_near_copies(ckpt, key, base_ckpt, base or "", near_cosine)
-    if any(f.suffix in (".bin", ".pt", ".pth", ".gguf") for f in ckpt.files):
-        findings.append(Finding("info", "unchecked", "weights outside safetensors (.bin/.pt/.gguf) were not read"))
+    if ckpt.gguf is None and any(f.suffix in (".bin", ".pt", ".pth", ".gguf") for f in ckpt.files):
+        findings.append(
+            Finding("info", "unchecked", "weights outside safetensors (.bin/.pt/.gguf) were not read; "
+                    "audit a .gguf file by its own path")
+        )  # fmt: skip
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

@@ -1,5 +1,5 @@
-"""A checkpoint directory as the release audit reads it (lazily, never loading the model), and the
-:class:`Finding` each audit check returns."""
+"""A checkpoint directory, or one GGUF file, as the release audit reads it (lazily, never loading the
+model), and the :class:`Finding` each audit check returns."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ EMBED_SUFFIXES = (
     "word_embeddings.weight",
     "embed_in.weight",
     "tok_embeddings.weight",
+    "token_embd.weight",  # GGUF (llama.cpp's names)
 )
 
 
@@ -35,12 +36,18 @@ class Finding:
 
 
 class Checkpoint:
-    """A model directory: its files, config.json and an index of its safetensors tensors."""
+    """A model directory (its files, config.json and an index of its safetensors tensors), or one
+    ``.gguf`` file (its tensors, dequantized when read, and its metadata)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.gguf: dict[str, Any] | None = None  # a GGUF file's tensors by name
+        self.fields: dict[str, Any] = {}  # a GGUF file's metadata (tokenizer.* left out)
+        if self.path.suffix == ".gguf":
+            self._read_gguf()
+            return
         if not self.path.is_dir():
-            raise NotADirectoryError(f"checkpoint {self.path} is not a directory")
+            raise NotADirectoryError(f"checkpoint {self.path} is not a directory (or a .gguf file)")
         self.files = sorted(p for p in self.path.rglob("*") if p.is_file())
         config = self.path / "config.json"
         self.config = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
@@ -54,19 +61,45 @@ class Checkpoint:
             except SafetensorError as err:
                 raise ValueError(f"{file} is not a readable safetensors file: {err}") from err
 
+    def _read_gguf(self) -> None:
+        from gguf import GGUFReader
+
+        if not self.path.is_file():
+            raise FileNotFoundError(f"checkpoint {self.path} does not exist")
+        try:
+            reader = GGUFReader(self.path)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{self.path} is not a readable GGUF file: {err}") from err
+        self.files, self.config = [self.path], {}
+        self.gguf = {t.name: t for t in reader.tensors}
+        self.index = dict.fromkeys(self.gguf, self.path)
+        self.fields = {k: _plain(f.contents()) for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+        self.metadata = {self.path.name: {k: str(v) for k, v in self.fields.items()}}
+
     def rel(self, file: Path) -> str:
-        return str(file.relative_to(self.path))
+        return file.name if self.gguf is not None else str(file.relative_to(self.path))
 
     def tensor(self, name: str) -> torch.Tensor:
+        if self.gguf is not None:
+            from gguf.quants import dequantize
+
+            t = self.gguf[name]
+            return torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(self.shape(name)).copy())
         with safe_open(str(self.index[name]), "pt") as handle:
             return handle.get_tensor(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if self.gguf is not None:  # GGUF lists dimensions innermost first
+            return tuple(int(n) for n in reversed(self.gguf[name].shape.tolist()))
         with safe_open(str(self.index[name]), "pt") as handle:
             return tuple(handle.get_slice(name).get_shape())
 
     def blocks(self, name: str, rows: int = 8192) -> Iterator[torch.Tensor]:
-        """Row blocks of a 2-D tensor, read lazily."""
+        """Row blocks of a 2-D tensor, read lazily (a GGUF tensor is dequantized whole first)."""
+        if self.gguf is not None:
+            whole = self.tensor(name)
+            yield from (whole[start : start + rows] for start in range(0, len(whole), rows))
+            return
         with safe_open(str(self.index[name]), "pt") as handle:
             view = handle.get_slice(name)
             for start in range(0, view.get_shape()[0], rows):
@@ -81,6 +114,11 @@ class Checkpoint:
     def unembedding(self) -> str | None:
         """The tensor the logits come from: lm_head, or the input embeddings when tied."""
         return self.head_name() or self.embed_name()
+
+
+def _plain(value: Any) -> Any:
+    """A GGUF metadata value as plain Python (numpy scalars unwrapped)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def difference_blocks(a: Checkpoint, name_a: str, b: Checkpoint, name_b: str) -> Iterator[torch.Tensor]:
