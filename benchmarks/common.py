@@ -123,7 +123,7 @@ def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str
         v = json.loads(path.read_text())
         method = v["config"]["methods"][0]
         settings = v["config"]["method_settings"][method]
-        name = variant_name(method, settings["shrinkage"], settings.get("centre", False))
+        name = variant_name(method, settings["shrinkage"], settings.get("centre", False), settings.get("gamma", 0.25))
         same = {**v, "config": {**v["config"], **{k: r["config"][k] for k in ("methods", "method_settings", "grids")}}}
         why = mismatch(r, same) or ("other seeds" if v["config"]["seeds"] != r["config"]["seeds"] else "")
         out.append((path.parent, v, method, name, why))
@@ -143,9 +143,14 @@ def sweep(root: Path, variants: bool = True) -> dict:
     return out
 
 
-def variant_name(method: str, shrinkage: float, centre: bool) -> str:
-    """How tables and plots name a kept variant: '<method> (shrinkage f)' or '<method> (shrinkage f, centred)'."""
-    return f"{method} (shrinkage {shrinkage:g}" + (", centred)" if centre else ")")
+def variant_name(method: str, shrinkage: float, centre: bool, gamma: float = 0.25) -> str:
+    """How tables and plots name a kept variant: '<method> (shrinkage f)', '<method> (shrinkage f, centred)', and
+    ', gamma g' before the bracket closes where gamma is not the methods' 0.25."""
+    return (
+        f"{method} (shrinkage {shrinkage:g}"
+        + (", centred" if centre else "")
+        + (f", gamma {gamma:g})" if gamma != 0.25 else ")")
+    )
 
 
 def default_method(methods: list[str]) -> str | None:
@@ -156,7 +161,7 @@ def default_method(methods: list[str]) -> str | None:
     base = "openstamp" if cfg.projection.enabled else "openstamp-nosem"
     if cfg.selector.shrinkage == 0 and not cfg.green.centre:
         return base if base in methods else None
-    name = variant_name(base, cfg.selector.shrinkage, cfg.green.centre)
+    name = variant_name(base, cfg.selector.shrinkage, cfg.green.centre, cfg.green.gamma)
     return name if name in methods else None
 
 

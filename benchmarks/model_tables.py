@@ -22,7 +22,8 @@ def second_model(root: Path) -> dict:
     seeds = sorted((folder / "seeds").glob("s*/results.json"))
     r = read(merged if merged.exists() else seeds[0])
     names = {
-        m: variant_name(m, s["shrinkage"], s.get("centre", False)) for m, s in r["config"]["method_settings"].items()
+        m: variant_name(m, s["shrinkage"], s.get("centre", False), s.get("gamma", 0.25))
+        for m, s in r["config"]["method_settings"].items()
     }
     rename = lambda row: {**row, "method": names.get(row["method"], row["method"])}  # noqa: E731
     llr = {}

@@ -102,17 +102,19 @@ shrinkage() {
   # one seed. About 15 min a seed on 2 cores. Shrinkage raises the cost of a delta (OpenStamp's seed 0 at f 4: +5.8%
   # own PPL at 0.25, +25% at 0.5, +68% at 0.75, against +2.9%, +12% and +31% unshrunk), so its grid stops at 0.5 to
   # cover the baselines' cost range (their costliest +26..+40%)
-  # SHRINK_CENTRE=1 also centres dW (green.centre; the folder gets -centred)
+  # SHRINK_CENTRE=1 also centres dW (green.centre; the folder gets -centred); SHRINK_GAMMA=g sets the green-list
+  # fraction (default 0.25; another gets -g<g>)
   local m=${SHRINK_METHOD:-openstamp} f=${SHRINK_F:-4} all=(0 1 2) grid=${SHRINK_GRID:-0.125, 0.25, 0.375, 0.5}
-  local centre=false tag=""
+  local centre=false tag="" gamma=""
   if [ "${SHRINK_CENTRE:-0}" = 1 ]; then centre=true tag=-centred; fi
+  if [ "${SHRINK_GAMMA:-0.25}" != 0.25 ]; then tag=$tag-g$SHRINK_GAMMA gamma=", \"gamma\": $SHRINK_GAMMA"; fi
   local K=benchmarks/results/shrinkage/$m-f$f$tag
   for seed in ${SHRINK_SEEDS:-${all[@]}}; do
     [ ! -f $K/seeds/s$seed/results.json ] || continue
     local R=runs/shrink-$m-f$f$tag-s$seed
     $OPENSTAMP eval "${SWEEP[@]}" --methods $m --set "grids={\"$m\": [$grid]}" \
-      --set "method_settings={\"$m\": {\"shrinkage\": $f, \"centre\": $centre}}" --seeds $seed --store $R-store \
-      --out $R
+      --set "method_settings={\"$m\": {\"shrinkage\": $f, \"centre\": $centre$gamma}}" --seeds $seed \
+      --store $R-store --out $R
     mkdir -p $K/seeds/s$seed
     cp $R/results.json $R/report.md $K/seeds/s$seed/
   done
@@ -343,6 +345,8 @@ frontier() {
   sweep
   for m in openstamp openstamp-nosem; do SHRINK_METHOD=$m shrinkage; done
   SHRINK_METHOD=openstamp-nosem SHRINK_CENTRE=1 shrinkage
+  # and with gamma 0.1, which flagged more texts at equal cost on the tune split (key_variants_sharper*.json)
+  SHRINK_METHOD=openstamp-nosem SHRINK_CENTRE=1 SHRINK_GAMMA=0.1 SHRINK_GRID="0.4, 0.55, 0.7, 0.85" shrinkage
   $PY benchmarks/frontier/detection_budget.py
   # the key variants against 0.1.0's default key (the projected profile) on the tune split (one secret, one set of
   # states, the first 64 held-out prompts): the causes, then shrinkage (with skipped first tokens), a sharper bias and
