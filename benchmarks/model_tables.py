@@ -59,16 +59,18 @@ def qwen_frontier(root: Path) -> list[str]:
     return table(header, rows)
 
 
-def both_models(root: Path, cost: float = 0.10, target: float = 0.95) -> list[str]:
-    """Each method of the second model's frontier at ``cost`` own PPL and 64 tokens, and the own PPL change that
-    buys TPR ``target``, on both models: the first from the frontier stage's sweep and kept variants (common.sweep)."""
-    first = sweep(root)
-    second = second_model(root)
-    tokens = first["config"]["new_tokens"]
+def both_models(root: Path, cost: float = 0.05, target: float = 0.95) -> list[str]:
+    """Each method of the second model's frontier at ``cost`` own PPL, and the own PPL change that buys TPR
+    ``target``: on the first model at its sweep's length (from the frontier stage's sweep and kept variants,
+    common.sweep), on the second at that length (its length curve) and at its full length."""
+    first, second = sweep(root), second_model(root)
+    short, full = first["config"]["new_tokens"], second["config"]["new_tokens"]
+    readings = [("SmolLM2", first["summary"], short), ("Qwen", at_length(second, short), short),
+                ("Qwen", second["summary"], full)]  # fmt: skip
     rows = []
     for method in dict.fromkeys(s["method"] for s in second["summary"]):
         cells = [method]
-        for summary in (first["summary"], at_length(second, tokens)):
+        for _, summary, _ in readings:
             if not any(s["method"] == method for s in summary):
                 cells += ["-", "-"]
                 continue
@@ -76,6 +78,7 @@ def both_models(root: Path, cost: float = 0.10, target: float = 0.95) -> list[st
             reach, curve = read_["cost"][0], read_["curve"]
             cells += [rate(read_["tpr"][0][0]), pct(reach) if reach is not None else f"above {pct(curve[-1][0])}"]
         rows.append(cells)
-    header = ["method", f"SmolLM2: TPR@1%FPR at {pct(cost)}", f"own PPL for {target:g}",
-              f"Qwen: TPR@1%FPR at {pct(cost)}", f"own PPL for {target:g}"]  # fmt: skip
+    header = ["method"]
+    for model, _, tokens in readings:
+        header += [f"{model}, {tokens} tokens: TPR@1%FPR at {pct(cost)}", f"own PPL for {target:g}"]
     return table(header, rows)
