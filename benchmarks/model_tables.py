@@ -16,7 +16,7 @@ FRONTIER = "qwen05/frontier"  # benchmarks/results/<FRONTIER>/: the qwen_frontie
 def second_model(root: Path) -> dict:
     """The qwen_frontier stage's results (the merge of its seeds, else its one kept seed), each OpenStamp method named
     by its settings as the first model's kept variants are (``variant_name``), with Unremovable's LLR rescoring of
-    each seed (``llr``: (strength, seed) -> TPR@1%FPR)."""
+    each seed (``llr``: (method, strength, seed) -> TPR@1%FPR; ``llr_summary``: its points)."""
     folder = root / FRONTIER
     merged = folder / "results.json"
     seeds = sorted((folder / "seeds").glob("s*/results.json"))
@@ -30,8 +30,13 @@ def second_model(root: Path) -> dict:
     for path in seeds:
         for row in read(path.parent / "llr.json")["rows"] if (path.parent / "llr.json").exists() else []:
             llr[row["method"], row["strength"], path.parent.name] = row["llr"][TPR]
+    llr_summary = []  # each rescored point at the full length, as '<method> (LLR)', over the seeds rescored
+    for s in r["summary"]:
+        tprs = [v for (m, x, _), v in llr.items() if (m, x) == (s["method"], s["strength"])]
+        if tprs:
+            llr_summary.append({**s, "method": f"{s['method']} (LLR)", TPR: {"mean": sum(tprs) / len(tprs)}})
     return {**r, "summary": [rename(s) for s in r["summary"]], "length_curve": [rename(c) for c in r["length_curve"]],
-            "llr": llr}  # fmt: skip
+            "llr": llr, "llr_summary": llr_summary}  # fmt: skip
 
 
 def at_length(r: dict, tokens: int) -> list[dict]:
@@ -66,9 +71,9 @@ def both_models(root: Path, cost: float = 0.05, target: float = 0.95) -> list[st
     first, second = sweep(root), second_model(root)
     short, full = first["config"]["new_tokens"], second["config"]["new_tokens"]
     readings = [("SmolLM2", first["summary"], short), ("Qwen", at_length(second, short), short),
-                ("Qwen", second["summary"], full)]  # fmt: skip
+                ("Qwen", second["summary"] + second["llr_summary"], full)]  # fmt: skip
     rows = []
-    for method in dict.fromkeys(s["method"] for s in second["summary"]):
+    for method in dict.fromkeys(s["method"] for s in readings[-1][1]):
         cells = [method]
         for _, summary, _ in readings:
             if not any(s["method"] == method for s in summary):
