@@ -59,6 +59,19 @@ SWEEP=(--model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaus
     "kgw-llr": [0.5, 1.0, 1.5, 2.0], "sir": [0.25, 0.5, 0.75, 1.0]}' --n 200 --new-tokens 64 --set lengths=16,32)
 
 
+merge_kept() {
+  # $1 the folder of kept seeds (s<seed>/results.json), $2 the merge's run folder, $3 where the merge is kept, then
+  # the seeds: once every one is kept they are merged (openstamp merge-runs) and the merge kept; else the last stands
+  local seeds=$1 run=$2 dest=$3 kept=()
+  shift 3
+  for seed in "$@"; do
+    [ -f $seeds/s$seed/results.json ] || return 0
+    kept+=($seeds/s$seed/results.json)
+  done
+  $OPENSTAMP merge-runs "${kept[@]}" --out $run
+  cp $run/results.json $run/report.md $run/*.png $dest/
+}
+
 sweep() {
   # the Pareto sweep (the paper's Figure 2) where the methods separate: 64 new tokens, n 200 per point. Each seed
   # runs in its own folder (a shard) from an eval store of its own, empty at first, so every key, completion and
@@ -75,13 +88,7 @@ sweep() {
     mkdir -p $seeds/s$seed
     cp runs/sweep-s$seed/results.json runs/sweep-s$seed/report.md $seeds/s$seed/
   done
-  local kept=()
-  for seed in "${all[@]}"; do
-    [ -f $seeds/s$seed/results.json ] || return 0  # not every seed is kept yet: the last merge stands
-    kept+=($seeds/s$seed/results.json)
-  done
-  $OPENSTAMP merge-runs "${kept[@]}" --out runs/sweep-merged
-  cp runs/sweep-merged/results.json runs/sweep-merged/report.md runs/sweep-merged/*.png benchmarks/results/sweep/
+  merge_kept $seeds runs/sweep-merged benchmarks/results/sweep "${all[@]}"
 }
 
 sweep_eval() {
@@ -118,14 +125,7 @@ shrinkage() {
     mkdir -p $K/seeds/s$seed
     cp $R/results.json $R/report.md $K/seeds/s$seed/
   done
-  local kept=()
-  for seed in "${all[@]}"; do
-    [ -f $K/seeds/s$seed/results.json ] || return 0
-    kept+=($K/seeds/s$seed/results.json)
-  done
-  $OPENSTAMP merge-runs "${kept[@]}" --out runs/shrink-$m-f$f$tag-merged
-  cp runs/shrink-$m-f$f$tag-merged/results.json runs/shrink-$m-f$f$tag-merged/report.md \
-    runs/shrink-$m-f$f$tag-merged/*.png $K/
+  merge_kept $K/seeds runs/shrink-$m-f$f$tag-merged $K "${all[@]}"
 }
 
 keep_eval() {
@@ -394,13 +394,7 @@ qwen_frontier() {
     $OPENSTAMP analyze llr --eval $R --out $R-llr
     cp $R-llr/results.json $K/seeds/s$seed/llr.json
   done
-  local kept=()
-  for seed in "${all[@]}"; do
-    [ -f $K/seeds/s$seed/results.json ] || return 0
-    kept+=($K/seeds/s$seed/results.json)
-  done
-  $OPENSTAMP merge-runs "${kept[@]}" --out runs/qwen-frontier-merged
-  cp runs/qwen-frontier-merged/results.json runs/qwen-frontier-merged/report.md runs/qwen-frontier-merged/*.png $K/
+  merge_kept $K/seeds runs/qwen-frontier-merged $K "${all[@]}"
 }
 lengths() {
   # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,
