@@ -220,7 +220,7 @@ def test_other_file_types_load_back(tiny_model_dir, tmp_path, quant, bound):
 def test_the_gguf_metadata_discloses_the_watermark(stamped, tmp_path):
     from gguf import GGUFReader
 
-    from openstamp.release.card import read_disclosure
+    from openstamp.release.card import Disclosure, read_disclosure
 
     disclosure = read_disclosure(stamped / "model")
     assert disclosure is not None and disclosure.key_id == WatermarkKey.load(stamped / "key").key_id
@@ -229,6 +229,7 @@ def test_the_gguf_metadata_discloses_the_watermark(stamped, tmp_path):
     got = {k: fields[k].contents() for k in fields if k.startswith("openstamp.")}
     assert got == pytest.approx(disclosure.gguf_metadata())
     assert {"openstamp.method", "openstamp.key_id", "openstamp.gamma", "openstamp.n_lists"} <= set(got)
+    assert Disclosure.from_gguf_metadata({**got, "general.name": "x"}) == disclosure  # the reader's inverse
     result = runner.invoke(app, ["export", "gguf", "--model", str(stamped / "model"), "--out",
                                  str(tmp_path / "off.gguf"), "--quant", "f32", "--no-disclose"])  # fmt: skip
     assert result.exit_code == 0, result.output

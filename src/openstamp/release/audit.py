@@ -112,7 +112,7 @@ def check_disclosure(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding
     fields and nothing else, for the given key."""
     where = f"{GGUF_PREFIX}* metadata" if ckpt.gguf is not None else DISCLOSURE_FILE
     try:
-        disclosure = _gguf_disclosure(ckpt) if ckpt.gguf is not None else read_disclosure(ckpt.path)
+        disclosure = Disclosure.from_gguf_metadata(ckpt.fields) if ckpt.gguf is not None else read_disclosure(ckpt.path)
     except ValueError as err:
         return [Finding("medium", "disclosure", f"{where} is not a plain disclosure: {err}")]
     if disclosure is None:
@@ -123,11 +123,6 @@ def check_disclosure(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Finding
     card = " and the model card" if ckpt.gguf is None and (ckpt.path / CARD_FILE).is_file() else ""
     fields = [f"{k}: {v}" for k, v in disclosure.to_dict().items()]
     return [Finding("info", "disclosure", f"{where}{card} disclose the watermark, and only that", fields)]
-
-
-def _gguf_disclosure(ckpt: Checkpoint) -> Disclosure | None:
-    fields = {k.removeprefix(GGUF_PREFIX): v for k, v in ckpt.fields.items() if k.startswith(GGUF_PREFIX)}
-    return Disclosure.from_dict(fields) if fields else None
 
 
 def _key_bytes(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:

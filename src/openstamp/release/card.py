@@ -107,6 +107,13 @@ class Disclosure:
         """``openstamp.<field>`` -> value, for the fields that are set."""
         return {GGUF_PREFIX + k: v for k, v in self.to_dict().items() if v is not None}
 
+    @classmethod
+    def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Disclosure | None:
+        """The disclosure in a GGUF file's metadata (``gguf_metadata``'s inverse; other keys are ignored), or None
+        when it holds no ``openstamp.*`` key; fields beyond the disclosure's raise ValueError."""
+        fields = {k.removeprefix(GGUF_PREFIX): v for k, v in metadata.items() if k.startswith(GGUF_PREFIX)}
+        return cls.from_dict(fields) if fields else None
+
 
 def check_verify_url(url: str | None) -> str | None:
     """``url`` when it is None or an http(s) URL; anything else raises ValueError."""

@@ -3,6 +3,7 @@ model), and the :class:`Finding` each audit check returns."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -75,16 +76,21 @@ class Checkpoint:
         self.index = dict.fromkeys(self.gguf, self.path)
         self.fields = {k: _plain(f.contents()) for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
         self.metadata = {self.path.name: {k: str(v) for k, v in self.fields.items()}}
+        # the checks read the unembedding and the embeddings several times each: dequantize each once
+        self._dequantized = functools.lru_cache(maxsize=2)(self._dequantize)
+
+    def _dequantize(self, name: str) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        t = self.gguf[name]
+        return torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(self.shape(name)).copy())
 
     def rel(self, file: Path) -> str:
         return file.name if self.gguf is not None else str(file.relative_to(self.path))
 
     def tensor(self, name: str) -> torch.Tensor:
         if self.gguf is not None:
-            from gguf.quants import dequantize
-
-            t = self.gguf[name]
-            return torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(self.shape(name)).copy())
+            return self._dequantized(name)
         with safe_open(str(self.index[name]), "pt") as handle:
             return handle.get_tensor(name)
 
