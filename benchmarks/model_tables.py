@@ -15,8 +15,9 @@ FRONTIER = "qwen05/frontier"  # benchmarks/results/<FRONTIER>/: the qwen_frontie
 
 def second_model(root: Path) -> dict:
     """The qwen_frontier stage's results (the merge of its seeds, else its one kept seed), each OpenStamp method named
-    by its settings as the first model's kept variants are (``variant_name``), with Unremovable's LLR rescoring of
-    each seed (``llr``: (method, strength, seed) -> TPR@1%FPR; ``llr_summary``: its points)."""
+    by its settings as the first model's kept variants are (``variant_name``), with Unremovable's LLR rescoring
+    (``llr``: (method, strength) -> TPR@1%FPR over the seeds rescored; ``llr_summary``: those points, each as
+    '<method> (LLR)')."""
     folder = root / FRONTIER
     merged = folder / "results.json"
     seeds = sorted((folder / "seeds").glob("s*/results.json"))
@@ -26,22 +27,26 @@ def second_model(root: Path) -> dict:
         for m, s in r["config"]["method_settings"].items()
     }
     rename = lambda row: {**row, "method": names.get(row["method"], row["method"])}  # noqa: E731
-    llr = {}
-    for path in seeds:
-        for row in read(path.parent / "llr.json")["rows"] if (path.parent / "llr.json").exists() else []:
-            llr[row["method"], row["strength"], path.parent.name] = row["llr"][TPR]
-    llr_summary = []  # each rescored point at the full length, as '<method> (LLR)', over the seeds rescored
-    for s in r["summary"]:
-        tprs = [v for (m, x, _), v in llr.items() if (m, x) == (s["method"], s["strength"])]
-        if tprs:
-            llr_summary.append({**s, "method": f"{s['method']} (LLR)", TPR: {"mean": sum(tprs) / len(tprs)}})
-    return {**r, "summary": [rename(s) for s in r["summary"]], "length_curve": [rename(c) for c in r["length_curve"]],
-            "llr": llr, "llr_summary": llr_summary}  # fmt: skip
+    seeds_llr: dict[tuple, list[float]] = {}
+    for path in (p.parent / "llr.json" for p in seeds):
+        for row in read(path)["rows"] if path.exists() else []:
+            seeds_llr.setdefault((row["method"], row["strength"]), []).append(row["llr"][TPR])
+    llr = {point: sum(tprs) / len(tprs) for point, tprs in seeds_llr.items()}
+    summary = [rename(s) for s in r["summary"]]
+    llr_summary = [{**s, "method": f"{s['method']} (LLR)", TPR: {"mean": llr[s["method"], s["strength"]]}}
+                   for s in summary if (s["method"], s["strength"]) in llr]  # fmt: skip
+    return {**r, "summary": summary, "length_curve": [rename(c) for c in r["length_curve"]], "llr": llr,
+            "llr_summary": llr_summary}  # fmt: skip
+
+
+def curve_at(r: dict, tokens: int) -> dict[tuple, float]:
+    """(method, strength) -> TPR@1%FPR of the texts cut to ``tokens`` (the length curve)."""
+    return {(c["method"], c["strength"]): c[TPR] for c in r["length_curve"] if c["tokens"] == tokens}
 
 
 def at_length(r: dict, tokens: int) -> list[dict]:
     """The summary's points with TPR@1%FPR read at ``tokens`` (the length curve) instead of the full length."""
-    tprs = {(c["method"], c["strength"]): c[TPR] for c in r["length_curve"] if c["tokens"] == tokens}
+    tprs = curve_at(r, tokens)
     return [{**s, TPR: {"mean": tprs[s["method"], s["strength"]]}} for s in r["summary"]]
 
 
@@ -49,15 +54,15 @@ def qwen_frontier(root: Path) -> list[str]:
     """Every point of the second model's frontier: cost (own and oracle perplexity) and TPR at 64 and 200 tokens."""
     r = second_model(root)
     tokens, short_tokens = r["config"]["new_tokens"], min(c["tokens"] for c in r["length_curve"])
-    short = at_length(r, short_tokens)
-    cut = {(s["method"], s["strength"]): s[TPR]["mean"] for s in short}
+    cut = curve_at(r, short_tokens)
     rows = []
     for s in r["summary"]:
-        llr = [v for (m, x, _), v in r["llr"].items() if m == s["method"] and x == s["strength"]]
+        point = s["method"], s["strength"]
+        llr = r["llr"].get(point)
         rows.append(
             [s["method"], f"{s['strength']:g}", pct(s[COST]["mean"]), f"{s['ppl_median']['mean']:.1f}",
-             rate(cut[s["method"], s["strength"]]), rate(s[TPR]["mean"]), rate(s["tpr_at_0.1pct_fpr"]["mean"]),
-             rate(sum(llr) / len(llr)) if llr else "-"]
+             rate(cut[point]), rate(s[TPR]["mean"]), rate(s["tpr_at_0.1pct_fpr"]["mean"]),
+             "-" if llr is None else rate(llr)]
         )  # fmt: skip
     header = ["method", "strength", "own PPL change", "oracle PPL (median)", f"TPR@1%FPR, {short_tokens} tokens",
               f"TPR@1%FPR, {tokens}", f"TPR@0.1%FPR, {tokens}", f"LLR TPR@1%FPR, {tokens}"]  # fmt: skip
