@@ -9,9 +9,10 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.corpus import load_documents
-from openstamp.hidden import collect_states
+from openstamp.hidden import SAMPLED_PROMPT, collect_states, sampled_windows
 from openstamp.key.selector import fit_selector
 from openstamp.state_shards import fit_selector_streaming, write_state_shards
+from openstamp.text import bos_prefix, encode
 from openstamp.watermark import build_key, split_by_document
 
 
@@ -73,3 +74,27 @@ def test_build_key_from_shards_gives_a_working_key(tokenizer, docs, tiny_config,
     assert key.selector.shape[1] == model.config.hidden_size and key.selector.shape[0] >= 2
     assert key.meta["stats"]["n_states"] == tiny_config.states.n_states
     assert key.meta["stats"]["selector"]["effective_strength"] > 0
+
+
+@pytest.mark.filterwarnings("ignore:the corpus gives")  # every window of the corpus and of the samples is taken
+def test_sampled_windows_add_the_models_own_text(tokenizer, docs, tiny_config, tmp_path):
+    model, docs = make_model(False, len(tokenizer)), docs[:8]
+    cfg = dataclasses.replace(tiny_config.states, generated_windows=6, n_states=10**6)
+    windows = sampled_windows(model, tokenizer, docs, cfg, progress=False)
+    assert windows == sampled_windows(model, tokenizer, docs, cfg, progress=False)  # seeded
+    assert len(windows) == 6 and all(len(w) == cfg.window_tokens for w in windows)
+    corpus = encode(tokenizer, [d.text for d in docs])
+    prompt = windows[0][len(bos_prefix(tokenizer)) :][:SAMPLED_PROMPT]
+    assert any(str(prompt)[1:-1] in str(ids) for ids in corpus)  # each starts from corpus tokens
+
+    plain = collect_states(model, tokenizer, docs, dataclasses.replace(cfg, generated_windows=0), progress=False)
+    states = collect_states(model, tokenizer, docs, cfg, progress=False)
+    sampled = states.document >= len(docs)  # every sampled window is a document of its own, after the corpus's
+    assert int(sampled.sum()) == 6 * cfg.positions_per_window and len(states) == len(plain) + int(sampled.sum())
+    shards = write_state_shards(model, tokenizer, docs, cfg, tmp_path, progress=False)
+    assert torch.equal(shards.document, states.document)
+
+    key = build_key(model, tokenizer, docs, tiny_config.with_overrides({"states.generated_windows": 6}),
+                    states=states, progress=False)  # fmt: skip
+    assert key.meta["stats"]["n_sampled_states"] == 6 * cfg.positions_per_window
+    assert key.meta["config"]["states"]["generated_windows"] == 6

@@ -16,8 +16,10 @@ A variant is named by dash-joined parts, each changing one setting of the profil
 * ``c<x>``: the consistency penalty's weight ``selector.consistency`` x;
 * ``F<x>``: the input-side Fisher penalty's weight ``selector.fisher`` x;
 * ``N<n>``: ``states.n_states`` n, and ``P<n>``: ``states.positions_per_window`` n (P240 with 256-token windows
-  takes every position after the first 16). A variant with its own states writes them in shards under
-  ``--states-dir`` and fits S by streaming over them (``openstamp.state_shards``), as ``embed --states-dir`` does;
+  takes every position after the first 16); ``G<n>``: ``states.generated_windows`` n, windows of the model's own
+  samples added to the corpus's (``openstamp.hidden.sampled_windows``). A variant with its own states writes them
+  in shards under ``--states-dir`` and fits S by streaming over them (``openstamp.state_shards``), as ``embed
+  --states-dir`` does;
 * ``R<x>``: the re-tied release's backbone repaired for x minutes (``openstamp.repair``, as ``embed
   --repair-minutes`` does) at each delta, before its completions are sampled; the point keeps the repair's report.
 
@@ -80,6 +82,7 @@ NUMBERED = {
     "F": ("selector.fisher", float),
     "N": ("states.n_states", int),
     "P": ("states.positions_per_window", int),
+    "G": ("states.generated_windows", int),
     "R": ("repair.minutes", float),  # not a profile setting: measure() repairs the release
 }
 

@@ -36,9 +36,13 @@ class StatesConfig:
     context_tokens: int = option(64, "last tokens of each prefix kept as its text, the projection target")
     batch_size: int = option(8, "windows per forward pass")
     seed: int = option(0, "seed for choosing windows and positions")
+    generated_windows: int = option(
+        0, "windows of text sampled from the model itself (after 16 corpus tokens), added to the corpus's windows"
+    )
 
     def __post_init__(self) -> None:
         check(self.n_states > 0, "states.n_states must be positive")
+        check(self.generated_windows >= 0, "states.generated_windows must be >= 0")
         check(self.window_tokens > self.min_context >= 0, "need 0 <= states.min_context < window_tokens")
         check(
             0 < self.positions_per_window <= self.window_tokens - self.min_context,

@@ -20,8 +20,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import StatesConfig
 from openstamp.corpus import Document
+from openstamp.generate import sample_completions
 from openstamp.models import model_device
 from openstamp.text import bos_prefix, encode
+
+SAMPLED_PROMPT = 16  # corpus tokens that start each window of the model's own text (sampled_windows)
 
 
 @dataclass
@@ -46,8 +49,17 @@ class Window:
     positions: list[int]
 
 
-def plan_windows(tokenizer: PreTrainedTokenizerBase, documents: list[Document], cfg: StatesConfig) -> list[Window]:
-    """Choose windows and positions deterministically from ``cfg.seed``."""
+def plan_windows(
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: StatesConfig,
+    sampled: list[list[int]] = (),
+) -> list[Window]:
+    """Choose windows and positions deterministically from ``cfg.seed``.
+
+    The candidates are every window of every document, then each of ``sampled`` (whole windows of
+    token ids, :func:`sampled_windows`) as a document of its own, numbered after ``documents``.
+    """
     rng = np.random.default_rng(cfg.seed)
     prefix = bos_prefix(tokenizer)
     body = cfg.window_tokens - len(prefix)
@@ -57,6 +69,7 @@ def plan_windows(tokenizer: PreTrainedTokenizerBase, documents: list[Document], 
             chunk = prefix + ids[start : start + body]
             if len(chunk) >= cfg.min_context + cfg.positions_per_window:
                 candidates.append((d, chunk))
+    candidates += [(len(documents) + j, list(chunk)) for j, chunk in enumerate(sampled)]
     needed = math.ceil(cfg.n_states / cfg.positions_per_window)
     if not candidates:
         raise ValueError("no document is long enough for one window; use longer documents or smaller windows")
@@ -73,6 +86,36 @@ def plan_windows(tokenizer: PreTrainedTokenizerBase, documents: list[Document], 
         positions = rng.choice(np.arange(cfg.min_context, len(chunk)), cfg.positions_per_window, replace=False)
         windows.append(Window(d, chunk, sorted(positions.tolist())))
     return windows
+
+
+def sampled_windows(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: StatesConfig,
+    progress: bool = True,
+) -> list[list[int]]:
+    """``cfg.generated_windows`` windows of the model's own text, for states like those it meets in detection.
+
+    Each is BOS (where the tokenizer uses one), ``SAMPLED_PROMPT`` tokens from a random place in a random
+    document (drawn from ``cfg.seed``), then pure samples (temperature 1) up to ``cfg.window_tokens``.
+    """
+    if cfg.generated_windows == 0:
+        return []
+    prefix = bos_prefix(tokenizer)
+    encoded = [ids for ids in encode(tokenizer, [doc.text for doc in documents]) if len(ids) >= SAMPLED_PROMPT]
+    if not encoded:
+        raise ValueError(f"states.generated_windows needs a document of at least {SAMPLED_PROMPT} tokens to start from")
+    rng = np.random.default_rng([cfg.seed, SAMPLED_PROMPT])
+    prompts = []
+    for d in rng.integers(len(encoded), size=cfg.generated_windows).tolist():
+        start = int(rng.integers(len(encoded[d]) - SAMPLED_PROMPT + 1))
+        prompts.append(encoded[d][start : start + SAMPLED_PROMPT])
+    new_tokens = cfg.window_tokens - len(prefix) - SAMPLED_PROMPT
+    if new_tokens < 1:
+        raise ValueError(f"states.generated_windows needs window_tokens above {len(prefix) + SAMPLED_PROMPT}")
+    sampled = sample_completions(model, tokenizer, prompts, new_tokens, seed=cfg.seed, progress=progress)
+    return [prefix + p + s for p, s in zip(prompts, sampled, strict=True)]
 
 
 @torch.inference_mode()
@@ -294,7 +337,7 @@ def collect_states(
 
     Memory is bounded by the preallocated (N, d) output and one batch of activations.
     """
-    windows = plan_windows(tokenizer, documents, cfg)
+    windows = plan_windows(tokenizer, documents, cfg, sampled_windows(model, tokenizer, documents, cfg, progress))
     n = min(cfg.n_states, len(windows) * cfg.positions_per_window)
     hidden = torch.empty(n, model.config.get_text_config().hidden_size, dtype=torch.float32)
     spans: list[list[int]] = []

@@ -176,6 +176,7 @@ def build_key(
         config=cfg.to_dict(),
         stats={
             "n_states": len(states),
+            "n_sampled_states": int((states.document >= len(documents)).sum()),  # from states.generated_windows
             "n_train_states": len(train),
             "n_heldout_states": len(held),
             "projection": projection_stats,
