@@ -364,6 +364,9 @@ frontier() {
   # with its re-tied backbone repaired for 15 minutes (openstamp.repair) before sampling
   $PY benchmarks/frontier/key_variants.py --profile default --variants centred-P240-N400000 --deltas 0.25,0.35 \
     --out benchmarks/results/key_variants_states.json
+  # and on 500,000 states: those, plus 460 windows of the model's own samples (states.generated_windows)
+  $PY benchmarks/frontier/key_variants.py --profile default --variants centred-P240-N500000-G460 --deltas 0.25,0.35 \
+    --out benchmarks/results/key_variants_sampled.json
   $V --variants plain-R15 --deltas 0.5 --out benchmarks/results/key_variants_repair.json
   # the chosen default against 0.1.0's on 5 fresh keys and the next 64 prompts (the test split)
   $V --variants plain,raw-centred-f4 --deltas 0.35,0.5 --split test --keys 5 --first-key 1 \

@@ -266,3 +266,14 @@ def test_the_audit_flags_a_gguf_of_an_untied_export_of_a_tied_model(tiny_model_d
     high = {f.check: f.message for f in audit(tmp_path / "untied.gguf", tmp_path / "key") if f.severity == "high"}
     assert set(high) == {"tied head", "near copy"} and "not removal-resistant" in high["tied head"]
     assert high["near copy"].startswith("token_embd.weight is a near copy of the original unembedding U")
+
+
+def test_the_audit_rounds_the_base_as_a_quantized_file_stores_its_head(stamped, tiny_model_dir, tmp_path):
+    from openstamp.release.audit import audit
+
+    export_gguf(tiny_model_dir, tmp_path / "base.gguf", "q8_0")
+    export_gguf(stamped / "model", tmp_path / "release.gguf", "q8_0")
+    plain = [f.message for f in audit(tmp_path / "base.gguf", base=str(tiny_model_dir)) if f.check == "base"]
+    assert any("identical to the base" in m and "as this file rounds it (Q8_0)" in m for m in plain), plain
+    marked = [f.message for f in audit(tmp_path / "release.gguf", base=str(tiny_model_dir)) if f.check == "base"]
+    assert any("differs from the public base" in m for m in marked), marked

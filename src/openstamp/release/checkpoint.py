@@ -111,6 +111,19 @@ class Checkpoint:
             for start in range(0, view.get_shape()[0], rows):
                 yield view[start : start + rows]
 
+    def stored(self, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        """``tensor`` rounded as this GGUF file stores ``name`` (llama.cpp's codec for its type,
+        :func:`openstamp.release.gguf_quants.roundtrip`), or None where no encoder for that type is
+        at hand; ``tensor`` as it is for a checkpoint directory."""
+        if self.gguf is None:
+            return tensor
+        from openstamp.release.gguf_quants import roundtrip
+
+        try:
+            return torch.from_numpy(roundtrip(tensor.float().numpy(), self.gguf[name].tensor_type).copy())
+        except (NotImplementedError, ValueError):  # an IQ or other K type, or rows that do not fit its blocks
+            return None
+
     def head_name(self) -> str | None:
         return next((n for n in HEAD_NAMES if n in self.index), None)
 
