@@ -378,7 +378,10 @@ qwen_frontier() {
   # shrinkage 4, centred), the same key with the projection, KGW+LLR and Unremovable, 3 strengths each, n 100, 200 new
   # tokens with the length curve at 64, each seed a shard from an empty store as in sweep(), kept under
   # benchmarks/results/qwen05/frontier/seeds/ and merged once seeds 0 and 1 are kept; then Unremovable rescored with
-  # the LLR (openstamp analyze llr). QWEN_SEEDS="1" runs one seed; an interrupted seed resumes from its store
+  # the LLR (openstamp analyze llr). QWEN_SEEDS="1" runs one seed; an interrupted seed resumes from its store.
+  # Seed 0 took 69 min (plus about 24 for the LLR) on 2 Xeon cores, where the eval's 'fast' dtypes resolved to
+  # bfloat16; on 2 AMD EPYC cores with AVX2 only they resolve to float32 and sampling and own perplexity ran 6-7x
+  # slower, so run both seeds on one kind of machine
   local K=benchmarks/results/qwen05/frontier all=(0 1)
   local both='{"shrinkage": 4, "centre": true}'
   bash scripts/install_assets.sh qwen05

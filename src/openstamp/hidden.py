@@ -106,7 +106,7 @@ def sampled_windows(
     encoded = [ids for ids in encode(tokenizer, [doc.text for doc in documents]) if len(ids) >= SAMPLED_PROMPT]
     if not encoded:
         raise ValueError(f"states.generated_windows needs a document of at least {SAMPLED_PROMPT} tokens to start from")
-    rng = np.random.default_rng([cfg.seed, SAMPLED_PROMPT])
+    rng = np.random.default_rng([cfg.seed, 1])  # a stream of its own, apart from plan_windows'
     prompts = []
     for d in rng.integers(len(encoded), size=cfg.generated_windows).tolist():
         start = int(rng.integers(len(encoded[d]) - SAMPLED_PROMPT + 1))
