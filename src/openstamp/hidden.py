@@ -371,8 +371,9 @@ def context_deltas(
     """Each sampled state on its full window minus the same token's state with the window's first ``cut`` tokens
     (after any BOS) removed: what a detector that sees less context than the generator did reads differently.
 
-    The first ``n_windows`` of the windows ``collect_states`` plans, each run a second time cut; positions that
-    keep at least ``cfg.min_context`` tokens after the cut. Returns fp32 (M, d).
+    The first ``n_windows`` of the windows ``plan_windows`` plans from the corpus alone (``collect_states``'s when
+    ``cfg.generated_windows`` is 0), each run a second time cut; positions that keep at least
+    ``cfg.min_context`` tokens after the cut. Returns fp32 (M, d).
     """
     prefix = len(bos_prefix(tokenizer))
     full, short = [], []
@@ -402,8 +403,8 @@ def input_gradients(
     n_windows: int,
 ) -> torch.Tensor:
     """Rows g_t of the input side's empirical Fisher F = mean_t g_t g_t^T: the gradient of a window's summed
-    next-token loss with respect to each input embedding, over the first ``n_windows`` windows ``collect_states``
-    plans (BOS rows left out).
+    next-token loss with respect to each input embedding, over the first ``n_windows`` windows ``plan_windows``
+    plans from the corpus alone (``collect_states``'s when ``cfg.generated_windows`` is 0; BOS rows left out).
 
     A re-tied release moves token x's input embedding by dW[x]; to second order that costs 1/2 dW[x] F dW[x]^T of
     loss, which the head's LLR does not see. Returns fp32 (M, d).

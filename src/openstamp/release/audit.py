@@ -244,8 +244,8 @@ def check_base(ckpt: Checkpoint, base: Checkpoint, base_name: str) -> list[Findi
         rounded = ckpt.stored(ours, base.tensor(theirs)) if ckpt.gguf is not None else None
         if rounded is None:
             blocks = difference_blocks(ckpt, ours, base, theirs)
-        else:
-            blocks = (x.float() - y for x, y in zip(ckpt.blocks(ours), rounded.split(8192), strict=True))
+        else:  # a GGUF tensor is dequantized whole anyway
+            blocks = iter((ckpt.tensor(ours).float() - rounded).split(8192))
         rank = sketch_rank(blocks, width)
         if rank == 0:
             rounding = f" as this file rounds it ({ckpt.gguf[ours].tensor_type.name})" if rounded is not None else ""

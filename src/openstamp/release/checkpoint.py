@@ -114,9 +114,7 @@ class Checkpoint:
     def stored(self, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
         """``tensor`` rounded as this GGUF file stores ``name`` (llama.cpp's codec for its type,
         :func:`openstamp.release.gguf_quants.roundtrip`), or None where no encoder for that type is
-        at hand; ``tensor`` as it is for a checkpoint directory."""
-        if self.gguf is None:
-            return tensor
+        at hand."""
         from openstamp.release.gguf_quants import roundtrip
 
         try:
