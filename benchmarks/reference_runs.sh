@@ -61,14 +61,15 @@ SWEEP=(--model smollm2-135m --methods openstamp,openstamp-nosem,unremovable,gaus
 
 merge_kept() {
   # $1 the folder of kept seeds (s<seed>/results.json), $2 the merge's run folder, $3 where the merge is kept, then
-  # the seeds: once every one is kept they are merged (openstamp merge-runs) and the merge kept; else the last stands
+  # the seeds: once every one is kept they are merged (openstamp merge-runs, with $MERGE_OPTIONS) and the merge kept;
+  # else the last stands
   local seeds=$1 run=$2 dest=$3 kept=()
   shift 3
   for seed in "$@"; do
     [ -f $seeds/s$seed/results.json ] || return 0
     kept+=($seeds/s$seed/results.json)
   done
-  $OPENSTAMP merge-runs "${kept[@]}" --out $run
+  $OPENSTAMP merge-runs "${kept[@]}" --out $run ${MERGE_OPTIONS:-}
   cp $run/results.json $run/report.md $run/*.png $dest/
 }
 
@@ -380,8 +381,9 @@ qwen_frontier() {
   # benchmarks/results/qwen05/frontier/seeds/ and merged once seeds 0 and 1 are kept; then Unremovable rescored with
   # the LLR (openstamp analyze llr). QWEN_SEEDS="1" runs one seed; an interrupted seed resumes from its store.
   # Seed 0 took 69 min (plus about 24 for the LLR) on 2 Xeon cores, where the eval's 'fast' dtypes resolved to
-  # bfloat16; on 2 AMD EPYC cores with AVX2 only they resolve to float32 and sampling and own perplexity ran 6-7x
-  # slower, so run both seeds on one kind of machine
+  # bfloat16; on 2 AMD EPYC cores with AVX2 only they resolve to float32 (bfloat16 matmuls run 100x slower there)
+  # and sampling and own perplexity ran 6-7x slower. Seeds may run on either: the merge names each seed's dtypes
+  # (merge-runs --mixed-dtypes), each run's cost being paired with its own seed's original model
   local K=benchmarks/results/qwen05/frontier all=(0 1)
   local both='{"shrinkage": 4, "centre": true}'
   bash scripts/install_assets.sh qwen05
@@ -400,7 +402,7 @@ qwen_frontier() {
     $OPENSTAMP analyze llr --eval $R --out $R-llr
     cp $R-llr/results.json $K/seeds/s$seed/llr.json
   done
-  merge_kept $K/seeds runs/qwen-frontier-merged $K "${all[@]}"
+  MERGE_OPTIONS=--mixed-dtypes merge_kept $K/seeds runs/qwen-frontier-merged $K "${all[@]}"
 }
 lengths() {
   # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,

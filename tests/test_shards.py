@@ -87,3 +87,39 @@ def test_shards_that_do_not_belong_together_are_refused(runs):
     with pytest.raises(ValueError, match="holds no results.json"):
         load_shard(root / "model")
     assert json.loads((root / "s0" / "results.json").read_text())["config"]["seeds"] == [0]  # nothing was touched
+
+
+def test_shards_run_in_other_dtypes_merge_only_when_told(runs):
+    root, _ = runs
+    s0 = load_shard(root / "s0")
+    ours = s0[1]["config"].get("sample_dtype", "float32")
+
+    def other_machine(scale: float, field: str = "own_ppl_original"):
+        """Seed 1 as sampled in float16, its human reference's ``field`` scaled (seq_rep_3: moved by scale - 1)."""
+
+        def edit(results):
+            results["config"]["sample_dtype"] = "float16"
+            human = results["references"]["human"]
+            human[field] = human[field] + scale - 1 if field == "seq_rep_3" else human[field] * scale
+
+        return _edited(root, "s1", edit)
+
+    with pytest.raises(ValueError, match="sample_dtype: .* \\(merge with --mixed-dtypes\\)"):
+        merge_shards([s0, other_machine(1.005)])
+    merged = merge_shards([s0, other_machine(1.005)], mixed_dtypes=True)  # perplexities agree to 1%
+    assert merged["config"]["sample_dtype"] == f"{ours} (seed 0), float16 (seed 1)"
+    assert merged["dtypes"] == {"sample_dtype": {"0": ours, "1": "float16"}}
+    assert merged["config"]["score_dtype"] == s0[1]["config"]["score_dtype"]  # the same everywhere: kept as it was
+    with pytest.raises(ValueError, match="did not score the same text"):
+        merge_shards([s0, other_machine(1.05)], mixed_dtypes=True)  # 5%: other text, not another dtype
+    with pytest.raises(ValueError, match="did not score the same text"):
+        merge_shards([s0, other_machine(1.005, "seq_rep_3")], mixed_dtypes=True)  # no dtype moves a text's repeats
+    with pytest.raises(ValueError, match="did not score the same text"):
+        merge_shards([s0, _edited(root, "s1", lambda r: r["references"]["human"].update(own_ppl_original=1.0))])
+
+    out = root / "merged-dtypes"
+    shard = out.parent / "s1-float16.json"
+    shard.write_text(json.dumps(other_machine(1.005)[1]))
+    result = CliRunner().invoke(app, ["merge-runs", str(root / "s0"), str(shard), "--out", str(out), "--mixed-dtypes"])
+    assert result.exit_code == 0, result.output
+    assert f"sampled in {ours} (seed 0), float16 (seed 1)" in (out / "report.md").read_text()

@@ -9,6 +9,13 @@ interval over seeds then texts (results.summarize); the length curve is the mean
 Shards must agree on every setting but their seeds, hold no seed twice, and have scored the
 same human text (their human reference figures agree); each shard's seeds, versions, creation
 time and timings are kept under ``shards``.
+
+The dtypes an eval resolved for its machine (``RESOLVED_DTYPES``: 'fast' is bfloat16 where the CPU
+computes it natively, float32 elsewhere) may differ only when the merge is told so
+(``mixed_dtypes``): each run's cost is measured against its own shard's original model, so its
+figures stay paired, and the merged config names each seed's dtype (``dtypes`` keeps them by
+seed). Where the shards' dtypes differ, or their oracles', the human perplexities they share need
+agree only to ``DTYPE_TOLERANCE``; the rest of the reference still to ``TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from openstamp.lab.evaluation.config import EvalConfig
+from openstamp.lab.evaluation.config import RESOLVED_DTYPES, EvalConfig
 from openstamp.lab.evaluation.lengths import mean_curve
 from openstamp.lab.evaluation.results import summarize
 from openstamp.lab.evaluation.timings import sum_timings
-from openstamp.storage import atomic_write_json, differences, read_json
+from openstamp.storage import atomic_write_json, changed_fields, differences, read_json
 
 TOLERANCE = 1e-3  # relative: the same text's reference figures, maybe computed on another machine
+# relative, for perplexities of the same text computed in other dtypes (bfloat16 against float32 moved Qwen2.5-Coder-
+# 0.5B's own perplexity of 100 human windows by 0.15%)
+DTYPE_TOLERANCE = 1e-2
 
 
 def load_shard(path: Path) -> tuple[str, dict]:
@@ -36,22 +46,53 @@ def load_shard(path: Path) -> tuple[str, dict]:
     return str(path), read_json(file, "results file")
 
 
-def mismatch(results: dict, other: dict) -> str:
+def mismatch(results: dict, other: dict, mixed_dtypes: bool = False) -> str:
     """Why two evaluations are not shards of one comparison, '' where they are: a setting other than the seeds
-    differs, or they scored other human text (their human reference figures or the original model's downstream
-    accuracy differ)."""
+    (and, with ``mixed_dtypes``, the resolved dtypes) differs, or they scored other human text (their human
+    reference figures or the original model's downstream accuracy differ)."""
+    free = ("seeds", *(RESOLVED_DTYPES if mixed_dtypes else ()))
     ours, theirs = (
-        {k: v for k, v in EvalConfig.recorded(r["config"]).items() if k != "seeds"} for r in (results, other)
+        {k: v for k, v in EvalConfig.recorded(r["config"]).items() if k not in free} for r in (results, other)
     )
     if changed := differences(ours, theirs):
-        return f"they ran other settings ({changed})"
+        dtypes_only = set(changed_fields(ours, theirs)) <= set(RESOLVED_DTYPES)
+        return f"they ran other settings ({changed})" + (" (merge with --mixed-dtypes)" if dtypes_only else "")
+    loose = _dtypes(results) != _dtypes(other)
     for what, of in (
         ("human reference", lambda r: r["references"]["human"]),
         ("original model's downstream accuracy", lambda r: r["downstream_original"]),
     ):
-        if not _agree(of(results), of(other)):
+        if not _agree(of(results), of(other), loose):
             return f"they differ in the {what}, so they did not score the same text"
     return ""
+
+
+def _dtypes(results: dict) -> tuple:
+    """Every dtype the evaluation ran a model in, as one comparable value."""
+    recorded = EvalConfig.recorded(results["config"])
+    by_seed = results.get("dtypes", {})
+    return tuple(str(by_seed.get(k, recorded[k])) for k in RESOLVED_DTYPES) + tuple(oracle_dtypes(results))
+
+
+def dtypes_by_seed(shards: list[tuple[str, dict]]) -> dict[str, dict[str, str]]:
+    """Each resolved dtype field -> seed -> the dtype that seed ran in (a merged shard keeps its own)."""
+    by_seed: dict[str, dict[str, str]] = {k: {} for k in RESOLVED_DTYPES}
+    for _, results in shards:
+        recorded = EvalConfig.recorded(results["config"])
+        for field in RESOLVED_DTYPES:
+            kept = results.get("dtypes", {}).get(field, {})
+            by_seed[field].update({str(s): kept.get(str(s), recorded[field]) for s in results["config"]["seeds"]})
+    return {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in by_seed.items()}
+
+
+def _described(seeds: dict[str, str]) -> str:
+    """'bfloat16' where every seed ran in it, else 'bfloat16 (seed 0), float32 (seeds 1, 2)'."""
+    groups: dict[str, list[str]] = {}
+    for seed, dtype in seeds.items():
+        groups.setdefault(dtype, []).append(seed)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return ", ".join(f"{d} (seed{'s' * (len(s) > 1)} {', '.join(s)})" for d, s in groups.items())
 
 
 def oracle_dtypes(results: dict) -> list[str]:
@@ -59,8 +100,9 @@ def oracle_dtypes(results: dict) -> list[str]:
     return results["oracle"]["dtypes"] if "oracle" in results else [results["config"].get("dtype", "float32")]
 
 
-def merge_shards(shards: list[tuple[str, dict]]) -> dict:
-    """One results dict from the (name, results) of shards of the same comparison."""
+def merge_shards(shards: list[tuple[str, dict]], mixed_dtypes: bool = False) -> dict:
+    """One results dict from the (name, results) of shards of the same comparison (``mixed_dtypes``: they may have
+    resolved other dtypes; see the module's docstring)."""
     if len(shards) < 2:
         raise ValueError("a merge needs at least two results files")
     first_name, first = shards[0]
@@ -72,7 +114,7 @@ def merge_shards(shards: list[tuple[str, dict]]) -> dict:
                 "folder again (with its caches every stage is re-used and only results.json is rewritten; without "
                 "them its seeds run again)"
             )
-        if reason := mismatch(results, first):
+        if reason := mismatch(results, first, mixed_dtypes):
             raise ValueError(f"{name} and {first_name} are not shards of one comparison: {reason}")
         for seed in results["config"]["seeds"]:
             if seed in seen:
@@ -82,8 +124,11 @@ def merge_shards(shards: list[tuple[str, dict]]) -> dict:
     references = {"human": first["references"]["human"]}
     for _, results in shards:
         references.update({k: v for k, v in results["references"].items() if k != "human"})
+    dtypes = dtypes_by_seed(shards)
+    mixed = {k: seeds for k, seeds in dtypes.items() if len(set(seeds.values())) > 1}
     return {
-        "config": {**first["config"], "seeds": sorted(seen)},
+        "config": {**first["config"], "seeds": sorted(seen), **{k: _described(v) for k, v in mixed.items()}},
+        **({"dtypes": mixed} if mixed else {}),
         "versions": _versions([results["versions"] for _, results in shards]),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "runs": runs,
@@ -109,24 +154,26 @@ def merge_shards(shards: list[tuple[str, dict]]) -> dict:
     }
 
 
-def merge_into(out: Path, sources: list[Path]) -> dict:
+def merge_into(out: Path, sources: list[Path], mixed_dtypes: bool = False) -> dict:
     """Merge the shards at ``sources`` into ``out``/results.json (a folder of merged results, not a run)."""
     out = Path(out)
     if (out / "config.json").exists():
         raise ValueError(f"{out} is an `openstamp eval` run folder; merge into a new folder")
-    merged = merge_shards([load_shard(p) for p in sources])
+    merged = merge_shards([load_shard(p) for p in sources], mixed_dtypes)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "results.json", merged)
     return merged
 
 
-def _agree(a, b) -> bool:
+def _agree(a, b, loose: bool = False, ppl: bool = False) -> bool:
+    """Equal, numbers to ``TOLERANCE``; with ``loose``, perplexities (a key naming ppl) to ``DTYPE_TOLERANCE``."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_agree(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_agree(a[k], b[k], loose, ppl or "ppl" in str(k)) for k in a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_agree(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_agree(x, y, loose, ppl) for x, y in zip(a, b, strict=True))
     if isinstance(a, float | int) and isinstance(b, float | int):
-        return bool(np.isclose(a, b, rtol=TOLERANCE, atol=0.0, equal_nan=True))
+        rtol = DTYPE_TOLERANCE if loose and ppl else TOLERANCE
+        return bool(np.isclose(a, b, rtol=rtol, atol=0.0, equal_nan=True))
     return a == b
 
 
