@@ -96,6 +96,35 @@ def test_analyze_llr_rescores_the_weight_level_baseline(eval_dir, tmp_path):
     assert 0.0 <= rows[0]["llr"]["auroc"] <= 1.0 and rows[0]["native"]["auroc"] is not None
 
 
+def test_analyze_llr_reads_a_head_only_watermark_from_the_originals_states(eval_dir, tmp_path, monkeypatch):
+    import numpy as np
+
+    import openstamp.lab.analysis.llr as llr_module
+    from openstamp.lab.attacks.common import load_method, open_eval, watermarked_copy
+    from openstamp.models import load_model
+    from openstamp.text import bos_prefix
+
+    caches = []
+
+    class Counted(llr_module.HiddenCache):
+        def __init__(self):
+            super().__init__()
+            caches.append(self)
+
+    monkeypatch.setattr(llr_module, "HiddenCache", Counted)
+    rows = llr_module.run_llr(eval_dir, tmp_path / "llr", progress=False)["rows"]
+    assert caches[0].hits >= 3  # the watermarked model's three sets ran no decoder of their own
+
+    ev = open_eval(eval_dir)  # the reference: a patched copy scored beside the original, each with its own passes
+    base, tokenizer = load_model(ev.cfg.model, dtype=ev.cfg.dtype, device=ev.cfg.device)
+    run = next(r for r in ev.runs if r["run"] == rows[0]["run"])
+    marked = watermarked_copy(base, load_method(ev, run, base))
+    sets = {"human": [w["human"] for w in ev.windows], "watermarked": ev.generations(run)}
+    for name, texts in {**sets, "unwatermarked": ev.unwatermarked(run["seed"])}.items():
+        expected = np.nanmean(llr_module.text_llr(marked, base, texts, bos_prefix(tokenizer)))
+        assert rows[0]["mean_llr"][name] == pytest.approx(expected, abs=1e-5), name
+
+
 def test_analyze_gamma_delta_on_the_tiny_key(release, tiny_model_dir, corpus_file, tmp_path):
     out = tmp_path / "gd"
     args = ["analyze", "gamma-delta", "--key", str(release / "key"), "--model", str(tiny_model_dir),

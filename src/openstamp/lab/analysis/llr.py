@@ -11,15 +11,22 @@ detector) can be scored by the length-normalised log-likelihood ratio
 Both are compared on the same texts of the eval (the LLR reads their token ids; the native
 detectors scored the decoded text, as the eval did): its watermarked completions against human
 continuations (the primary negatives) and unwatermarked completions, at the eval's FPRs.
+
+NLL_orig of a set is the same for every run that scores it (the human text for all, a seed's
+unwatermarked text for that seed's runs), so it is computed once. A watermark that changes lm_head
+alone (``keeps_hidden``: Unremovable) is applied to the original model in place and reverted, its
+NLL_wm read from the original's final hidden states: one decoder pass per text for both models.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from openstamp.hidden import HiddenCache, reusing
 from openstamp.lab.analysis import write_results
 from openstamp.lab.attacks.common import load_method, mean_sd, open_eval, watermarked_copy
 from openstamp.lab.evaluation.results import detection_metrics
@@ -32,12 +39,30 @@ from openstamp.text import bos_prefix
 SELF_LLR = ("openstamp", "openstamp-nosem")  # their native detector is the LLR already
 
 
+def text_nll(model, texts: list[list[int]], prefix: list[int], batch_size: int = 8) -> list[float]:
+    """Mean NLL of each text after ``prefix`` (nan for a text with nothing to score)."""
+    return window_nll(model, [(prefix, ids) for ids in texts], batch_size=batch_size)
+
+
 def text_llr(watermarked, base, texts: list[list[int]], prefix: list[int], batch_size: int = 8) -> list[float]:
     """LLR(x) of each text (nan for a text with nothing to score)."""
-    windows = [(prefix, ids) for ids in texts]
-    wm = window_nll(watermarked, windows, batch_size=batch_size)
-    orig = window_nll(base, windows, batch_size=batch_size)
+    wm, orig = (text_nll(m, texts, prefix, batch_size) for m in (watermarked, base))
     return [o - w for o, w in zip(orig, wm, strict=True)]
+
+
+@contextlib.contextmanager
+def carrying(base, method, hidden: HiddenCache):
+    """The model carrying ``method``'s watermark: ``base`` itself, patched in place and reverted on leaving, with
+    ``hidden``'s states re-used where the watermark keeps the decoder's (``keeps_hidden``); else a copy."""
+    if not method.keeps_hidden:
+        yield watermarked_copy(base, method)
+        return
+    method.apply(base)
+    try:
+        with reusing(hidden):
+            yield base
+    finally:
+        method.revert(base)
 
 
 def as_scores(values: list[float]) -> list[dict]:
@@ -58,17 +83,24 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
     count = min(n or len(ev.windows), len(ev.windows))
     prefix = bos_prefix(tokenizer)
     texts = {"human": [w["human"] for w in ev.windows[:count]]}
+    hidden, original = HiddenCache(), {}  # original: NLL_orig by text set, for every run that scores the set
     rows = []
     for run in tqdm(runs, desc="LLR on baselines", disable=not progress):
         method = load_method(ev, run, base)
-        watermarked = watermarked_copy(base, method)
         sets = {
             **texts,
             "watermarked": ev.generations(run)[:count],
             "unwatermarked": ev.unwatermarked(run["seed"])[:count],
         }
-        scores = {k: as_scores(text_llr(watermarked, base, v, prefix, batch_size)) for k, v in sets.items()}
-        del watermarked
+        names = {"human": "human", "watermarked": run["run"], "unwatermarked": f"unwatermarked/s{run['seed']}"}
+        with reusing(hidden):
+            for k, ids in sets.items():
+                if names[k] not in original:
+                    original[names[k]] = text_nll(base, ids, prefix, batch_size)
+        with carrying(base, method, hidden) as watermarked:
+            wm = {k: text_nll(watermarked, ids, prefix, batch_size) for k, ids in sets.items()}
+        del watermarked  # a copy is freed before the next run's
+        scores = {k: as_scores([o - w for o, w in zip(original[names[k]], wm[k], strict=True)]) for k in sets}
         llr = detection_metrics(scores)
         native = detection_metrics({k: v[:count] for k, v in ev.scores(run).items() if k in sets})
         rows.append(
