@@ -67,7 +67,7 @@ def test_discrete_and_binomial_statistics_match_a_reference(setup):
     result = det.detect([ids])[0]
     with torch.no_grad():
         h = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, :-1].double()
-    u_orig = head(model).weight.double() - key.delta_w().double()
+    u_orig = head(model).weight.detach().double() - key.delta_w().double()
     sel = (h.float() @ key.selector_weights.T).argmax(-1)
     green = key.green.double()
     target = torch.tensor(ids[1:])
