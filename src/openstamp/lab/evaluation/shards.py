@@ -57,7 +57,7 @@ def mismatch(results: dict, other: dict, mixed_dtypes: bool = False) -> str:
     if changed := differences(ours, theirs):
         dtypes_only = set(changed_fields(ours, theirs)) <= set(RESOLVED_DTYPES)
         return f"they ran other settings ({changed})" + (" (merge with --mixed-dtypes)" if dtypes_only else "")
-    loose = _dtypes(results) != _dtypes(other)
+    loose = _other_dtypes(results, other)
     for what, of in (
         ("human reference", lambda r: r["references"]["human"]),
         ("original model's downstream accuracy", lambda r: r["downstream_original"]),
@@ -67,11 +67,12 @@ def mismatch(results: dict, other: dict, mixed_dtypes: bool = False) -> str:
     return ""
 
 
-def _dtypes(results: dict) -> tuple:
-    """Every dtype the evaluation ran a model in, as one comparable value."""
-    recorded = EvalConfig.recorded(results["config"])
-    by_seed = results.get("dtypes", {})
-    return tuple(str(by_seed.get(k, recorded[k])) for k in RESOLVED_DTYPES) + tuple(oracle_dtypes(results))
+def _other_dtypes(results: dict, other: dict) -> bool:
+    """Whether two evaluations' models ran in more than one dtype between them: a resolved field with two dtypes
+    over their seeds, or other oracle dtypes."""
+    ours, theirs = (dtypes_by_seed([("", r)]) for r in (results, other))
+    mixed = any(len({*ours[k].values(), *theirs[k].values()}) > 1 for k in RESOLVED_DTYPES)
+    return mixed or oracle_dtypes(results) != oracle_dtypes(other)
 
 
 def dtypes_by_seed(shards: list[tuple[str, dict]]) -> dict[str, dict[str, str]]:
