@@ -94,6 +94,9 @@ def test_analyze_llr_rescores_the_weight_level_baseline(eval_dir, tmp_path):
     mean = rows[0]["mean_llr"]
     assert mean["watermarked"] > mean["unwatermarked"] and mean["watermarked"] > mean["human"]
     assert 0.0 <= rows[0]["llr"]["auroc"] <= 1.0 and rows[0]["native"]["auroc"] is not None
+    for side in ("llr", "native"):  # both FPRs, the stricter never above the looser
+        assert rows[0][side]["tpr_at_0.1pct_fpr"] <= rows[0][side]["tpr_at_1pct_fpr"]
+        assert rows[0][side]["tpr_at_0.1pct_fpr_resolution_limited"]  # the fixture's few human texts
 
 
 def test_analyze_llr_reads_a_head_only_watermark_from_the_originals_states(eval_dir, tmp_path, monkeypatch):

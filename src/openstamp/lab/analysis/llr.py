@@ -70,7 +70,15 @@ def as_scores(values: list[float]) -> list[dict]:
     return [{"score": None if v != v else v, "p_value": None} for v in values]
 
 
-NATIVE = ("auroc", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_vs_unwatermarked")
+# each side's figures: AUROC and TPR at both of the eval's FPRs against human text (0.1% is resolution-limited
+# below 1000 human texts: its threshold is then the highest human score), and at 1% against unwatermarked text
+NATIVE = (
+    "auroc",
+    "tpr_at_1pct_fpr",
+    "tpr_at_0.1pct_fpr",
+    "tpr_at_0.1pct_fpr_resolution_limited",
+    "tpr_at_1pct_fpr_vs_unwatermarked",
+)
 
 
 def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: bool = True) -> dict:
@@ -93,7 +101,8 @@ def run_llr(eval_dir, out, n: int | None = None, batch_size: int = 8, progress: 
             "unwatermarked": ev.unwatermarked(run["seed"])[:count],
         }
         names = {"human": "human", "watermarked": run["run"], "unwatermarked": f"unwatermarked/s{run['seed']}"}
-        with reusing(hidden):
+        # the original's states are kept only for a watermark that reads them (a copy runs its own decoder)
+        with reusing(hidden) if method.keeps_hidden else contextlib.nullcontext():
             for k, ids in sets.items():
                 if names[k] not in original:
                     original[names[k]] = text_nll(base, ids, prefix, batch_size)
