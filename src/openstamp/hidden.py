@@ -54,17 +54,19 @@ def plan_windows(
     documents: list[Document],
     cfg: StatesConfig,
     sampled: list[list[int]] = (),
+    encoded: list[list[int]] | None = None,
 ) -> list[Window]:
     """Choose windows and positions deterministically from ``cfg.seed``.
 
     The candidates are every window of every document, then each of ``sampled`` (whole windows of
     token ids, :func:`sampled_windows`) as a document of its own, numbered after ``documents``.
+    ``encoded``: the documents' token ids where the caller has them already.
     """
     rng = np.random.default_rng(cfg.seed)
     prefix = bos_prefix(tokenizer)
     body = cfg.window_tokens - len(prefix)
     candidates = []
-    for d, ids in enumerate(encode(tokenizer, [doc.text for doc in documents])):
+    for d, ids in enumerate(encoded if encoded is not None else encode_documents(tokenizer, documents)):
         for start in range(0, len(ids), body):
             chunk = prefix + ids[start : start + body]
             if len(chunk) >= cfg.min_context + cfg.positions_per_window:
@@ -94,16 +96,19 @@ def sampled_windows(
     documents: list[Document],
     cfg: StatesConfig,
     progress: bool = True,
+    encoded: list[list[int]] | None = None,
 ) -> list[list[int]]:
     """``cfg.generated_windows`` windows of the model's own text, for states like those it meets in detection.
 
     Each is BOS (where the tokenizer uses one), ``SAMPLED_PROMPT`` tokens from a random place in a random
     document (drawn from ``cfg.seed``), then pure samples (temperature 1) up to ``cfg.window_tokens``.
+    ``encoded``: the documents' token ids where the caller has them already.
     """
     if cfg.generated_windows == 0:
         return []
     prefix = bos_prefix(tokenizer)
-    encoded = [ids for ids in encode(tokenizer, [doc.text for doc in documents]) if len(ids) >= SAMPLED_PROMPT]
+    encoded = encoded if encoded is not None else encode_documents(tokenizer, documents)
+    encoded = [ids for ids in encoded if len(ids) >= SAMPLED_PROMPT]
     if not encoded:
         raise ValueError(f"states.generated_windows needs a document of at least {SAMPLED_PROMPT} tokens to start from")
     rng = np.random.default_rng([cfg.seed, 1])  # a stream of its own, apart from plan_windows'
@@ -116,6 +121,25 @@ def sampled_windows(
         raise ValueError(f"states.generated_windows needs window_tokens above {len(prefix) + SAMPLED_PROMPT}")
     sampled = sample_completions(model, tokenizer, prompts, new_tokens, seed=cfg.seed, progress=progress)
     return [prefix + p + s for p, s in zip(prompts, sampled, strict=True)]
+
+
+def encode_documents(tokenizer: PreTrainedTokenizerBase, documents: list[Document]) -> list[list[int]]:
+    """Each document's token ids (no special tokens)."""
+    return encode(tokenizer, [doc.text for doc in documents])
+
+
+def state_windows(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    documents: list[Document],
+    cfg: StatesConfig,
+    progress: bool = True,
+) -> list[Window]:
+    """The windows a key's states are read from: the corpus's and, with ``cfg.generated_windows``, the model's own
+    text started from it (:func:`plan_windows` over :func:`sampled_windows`), the corpus tokenized once."""
+    encoded = encode_documents(tokenizer, documents)
+    sampled = sampled_windows(model, tokenizer, documents, cfg, progress, encoded=encoded)
+    return plan_windows(tokenizer, documents, cfg, sampled, encoded=encoded)
 
 
 @torch.inference_mode()
@@ -337,7 +361,7 @@ def collect_states(
 
     Memory is bounded by the preallocated (N, d) output and one batch of activations.
     """
-    windows = plan_windows(tokenizer, documents, cfg, sampled_windows(model, tokenizer, documents, cfg, progress))
+    windows = state_windows(model, tokenizer, documents, cfg, progress)
     n = min(cfg.n_states, len(windows) * cfg.positions_per_window)
     hidden = torch.empty(n, model.config.get_text_config().hidden_size, dtype=torch.float32)
     spans: list[list[int]] = []

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from openstamp.config import SelectorConfig, StatesConfig
-from openstamp.hidden import plan_windows, sampled_windows, window_batches
+from openstamp.hidden import state_windows, window_batches
 from openstamp.key.kmeans import assign, kmeans_streamed
 from openstamp.key.selector import accuracy, kmeans_device, ridge_lambda
 
@@ -98,7 +98,7 @@ class StateShards:
 def write_state_shards(model, tokenizer, documents, cfg: StatesConfig, directory: Path, progress: bool = True):
     """Like :func:`openstamp.hidden.collect_states`, but each batch's states go straight to disk."""
     directory.mkdir(parents=True, exist_ok=True)
-    windows = plan_windows(tokenizer, documents, cfg, sampled_windows(model, tokenizer, documents, cfg, progress))
+    windows = state_windows(model, tokenizer, documents, cfg, progress)
     n = min(cfg.n_states, len(windows) * cfg.positions_per_window)
     counts, row = [], 0
     bar = tqdm(total=n, desc="hidden states (sharded)", unit="state", disable=not progress)
