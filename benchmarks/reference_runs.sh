@@ -381,7 +381,7 @@ qwen_frontier() {
   # benchmarks/results/qwen05/frontier/seeds/ and merged once seeds 0 and 1 are kept; then Unremovable rescored with
   # the LLR (openstamp analyze llr). QWEN_SEEDS="1" runs one seed; an interrupted seed resumes from its store.
   # Seed 0 took 69 min (plus about 24 for the LLR) on 2 Xeon cores, where the eval's 'fast' dtypes resolved to
-  # bfloat16; on 2 AMD EPYC cores with AVX2 only they resolve to float32 (bfloat16 matmuls run 100x slower there)
+  # bfloat16 (seed 1 there: 135 min, with tests run beside it); on 2 AMD EPYC cores with AVX2 only they resolve to float32 (bfloat16 matmuls run 100x slower there)
   # and sampling and own perplexity ran 6-7x slower. Seeds may run on either: the merge names each seed's dtypes
   # (merge-runs --mixed-dtypes), each run's cost being paired with its own seed's original model
   local K=benchmarks/results/qwen05/frontier all=(0 1)
