@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attack_tables import pooled_paraphrase
 from common import COST, TPR, pct, rate, read, sweep, table, variant_name
 
 from openstamp.lab.evaluation.pareto import at_equal_cost
 
 STRICT = "tpr_at_0.1pct_fpr"
 FRONTIER = "qwen05/frontier"  # benchmarks/results/<FRONTIER>/: the qwen_frontier stage's merge, or its kept seeds
+PARAPHRASE = "qwen05/paraphrase"  # the qwen_paraphrase stage's attacks, one file a prompt
 
 
 def second_model(root: Path) -> dict:
@@ -23,17 +25,23 @@ def second_model(root: Path) -> dict:
     merged = folder / "results.json"
     seeds = sorted((folder / "seeds").glob("s*/results.json"))
     r = read(merged if merged.exists() else seeds[0])
-    names = {
-        m: variant_name(m, s["shrinkage"], s.get("centre", False), s.get("gamma", 0.25))
-        for m, s in r["config"]["method_settings"].items()
-    }
-    rename = lambda row: {**row, "method": names.get(row["method"], row["method"])}  # noqa: E731
+    rename = renamer(r["config"]["method_settings"])
     llr, llr_strict = (llr_mean(seeds, metric) for metric in (TPR, STRICT))
     summary = [rename(s) for s in r["summary"]]
     llr_summary = [{**s, "method": f"{s['method']} (LLR)", TPR: {"mean": llr[s["method"], s["strength"]]}}
                    for s in summary if (s["method"], s["strength"]) in llr]  # fmt: skip
     return {**r, "summary": summary, "length_curve": [rename(c) for c in r["length_curve"]], "llr": llr,
             "llr_strict": llr_strict, "llr_summary": llr_summary}  # fmt: skip
+
+
+def renamer(method_settings: dict):
+    """A function giving a row each OpenStamp method named by its settings (``variant_name``), as the first model's
+    kept variants are; the second model's stages run them with the settings in ``method_settings``."""
+    names = {
+        m: variant_name(m, s["shrinkage"], s.get("centre", False), s.get("gamma", 0.25))
+        for m, s in method_settings.items()
+    }
+    return lambda row: {**row, "method": names.get(row["method"], row["method"])}
 
 
 def llr_mean(seeds: list[Path], metric: str) -> dict[tuple, float]:
@@ -100,3 +108,13 @@ def both_models(root: Path, cost: float = 0.05, target: float = 0.95) -> list[st
     for model, _, tokens in readings:
         header += [f"{model}, {tokens} tokens: TPR@1%FPR at {pct(cost)}", f"own PPL for {target:g}"]
     return table(header, rows)
+
+
+def qwen_paraphrase(root: Path) -> list[str]:
+    """Paraphrase on the second model, pooled over its keys as the first model's table is (attack_tables): the
+    OpenStamp methods were keyed with the frontier's settings (reference_runs.sh's qwen_paraphrase)."""
+    rename = renamer(second_model(root)["config"]["method_settings"])
+    attacks = [read(f) for f in sorted((root / PARAPHRASE).glob("*.json"))]
+    for a in attacks:
+        a["runs"] = [rename(run) for run in a["runs"]]
+    return pooled_paraphrase(attacks)

@@ -8,8 +8,9 @@
 #
 # Stages: frontier (what it costs and buys), lengths (how short a text can be), fpr (the false-positive rate per key),
 # paraphrase, durability (quantization, merging, pruning, fine-tuning), speed, settings (which strength), losses
-# (where OpenStamp loses), qwen_frontier (the frontier on the second model, Qwen2.5-Coder-0.5B). paraphrase and
-# durability attack the sweep's evals, which frontier leaves in runs/.
+# (where OpenStamp loses), qwen_frontier (the frontier on the second model, Qwen2.5-Coder-0.5B, then paraphrase on it:
+# qwen_paraphrase, which runs alone too). paraphrase and durability attack the sweep's evals, which frontier leaves in
+# runs/.
 #
 # Every command resumes where it stopped when run again, and each result is copied into benchmarks/results/ when its
 # stage has made it. Logs go to runs/logs/<stage>.log.
@@ -403,6 +404,27 @@ qwen_frontier() {
     cp $R-llr/results.json $K/seeds/s$seed/llr.json
   done
   MERGE_OPTIONS=--mixed-dtypes merge_kept $K/seeds runs/qwen-frontier-merged $K "${all[@]}"
+  qwen_paraphrase
+}
+qwen_paraphrase() {
+  # paraphrase on the second model, as the paraphrase stage on the first (64 new tokens, 64 completions a key, the
+  # 0.5B paraphraser with the paper's prompt and the strong one): the default key, the same key with P, KGW+LLR and
+  # Unremovable, each at the strength of the qwen_frontier grid nearest +7% own PPL there (+7.7%, +10.2%, +7.8%,
+  # +5.9%), keys of seeds 0 and 1. The paraphraser is the instruct model this model is: the original's own wording.
+  # About 34 min for the eval and 39 min per prompt on 2 AMD EPYC cores
+  local R=runs/qwen-para K=benchmarks/results/qwen05/paraphrase both='{"shrinkage": 4, "centre": true}'
+  bash scripts/install_assets.sh qwen05
+  $OPENSTAMP eval --model qwen2.5-coder-0.5b --methods openstamp-nosem,openstamp,kgw-llr,unremovable --seeds 0,1 \
+    --n 64 --new-tokens 64 --oracle none --set lengths= \
+    --set 'strengths={"openstamp-nosem": 0.375, "openstamp": 0.375, "kgw-llr": 1.0, "unremovable": 0.4}' \
+    --set "method_settings={\"openstamp\": $both, \"openstamp-nosem\": $both}" --out $R
+  mkdir -p $K
+  for prompt in ${QWEN_PARA_PROMPTS:-paper strong}; do
+    [ -f $K/para-$prompt.json ] && continue
+    $OPENSTAMP attack paraphrase --eval $R --paraphraser qwen2.5-coder-0.5b --prompt $prompt --n 64 \
+      --out runs/qwen-para-$prompt
+    cp runs/qwen-para-$prompt/results.json $K/para-$prompt.json
+  done
 }
 lengths() {
   # the default comparison (every method at its default strength, 200 prompts, 200 new tokens, a length curve at 16,
@@ -526,7 +548,9 @@ main() {
   for stage in "${stages[@]}"; do
     case $stage in
       frontier | lengths | fpr | paraphrase | durability | speed | settings | losses | qwen_frontier) ;;
-      *) echo "unknown stage $stage: frontier lengths fpr paraphrase durability speed settings losses qwen_frontier"
+      qwen_paraphrase) ;;  # the end of qwen_frontier, alone
+      *) echo "unknown stage $stage: frontier lengths fpr paraphrase durability speed settings losses qwen_frontier" \
+           "qwen_paraphrase"
          exit 2 ;;
     esac
     echo "[reference] $stage: log in runs/logs/$stage.log"

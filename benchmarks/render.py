@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attack_tables import durability, durability_cost, paraphrase
 from common import COST, RESULTS, TPR, default_method, pct, rate, read, sweep, table
-from model_tables import both_models, qwen_frontier
+from model_tables import both_models, qwen_frontier, qwen_paraphrase
 from product_tables import (
     calibration_lengths,
     chat,
@@ -207,6 +207,7 @@ TABLES = {
     "fresh_keys": fresh_keys,
     "qwen_frontier": qwen_frontier,
     "both_models": both_models,
+    "qwen_paraphrase": qwen_paraphrase,
 }
 
 
