@@ -194,7 +194,7 @@ def test_a_retied_release_whose_embeddings_move_as_much_as_the_head_is_warned_ab
 
     model = load(tiny_model_dir)
     base = key_for(model)
-    ratio_at_1 = float(base.delta_w().norm() / head(model).weight.norm())
+    ratio_at_1 = float(base.delta_w().norm() / head(model).weight.detach().norm())
     small = dataclasses.replace(base, delta=0.5 * RETIE_SHIFT_WARN / ratio_at_1)
     large = dataclasses.replace(base, delta=2.0 * RETIE_SHIFT_WARN / ratio_at_1)
     for key, warned in ((small, False), (large, True)):
