@@ -21,10 +21,8 @@ def second_model(root: Path) -> dict:
     by its settings as the first model's kept variants are (``variant_name``), with Unremovable's LLR rescoring
     (``llr``: (method, strength) -> TPR@1%FPR over the seeds rescored; ``llr_summary``: those points, each as
     '<method> (LLR)')."""
-    folder = root / FRONTIER
-    merged = folder / "results.json"
-    seeds = sorted((folder / "seeds").glob("s*/results.json"))
-    r = read(merged if merged.exists() else seeds[0])
+    seeds = sorted((root / FRONTIER / "seeds").glob("s*/results.json"))
+    r = frontier_results(root)
     rename = renamer(r["config"]["method_settings"])
     llr, llr_strict = (llr_mean(seeds, metric) for metric in (TPR, STRICT))
     summary = [rename(s) for s in r["summary"]]
@@ -32,6 +30,12 @@ def second_model(root: Path) -> dict:
                    for s in summary if (s["method"], s["strength"]) in llr]  # fmt: skip
     return {**r, "summary": summary, "length_curve": [rename(c) for c in r["length_curve"]], "llr": llr,
             "llr_strict": llr_strict, "llr_summary": llr_summary}  # fmt: skip
+
+
+def frontier_results(root: Path) -> dict:
+    """The qwen_frontier stage's results file: the merge of its seeds, else its first kept seed."""
+    merged = root / FRONTIER / "results.json"
+    return read(merged if merged.exists() else sorted((root / FRONTIER / "seeds").glob("s*/results.json"))[0])
 
 
 def renamer(method_settings: dict):
@@ -112,8 +116,8 @@ def both_models(root: Path, cost: float = 0.05, target: float = 0.95) -> list[st
 
 def qwen_paraphrase(root: Path) -> list[str]:
     """Paraphrase on the second model, pooled over its keys as the first model's table is (attack_tables): the
-    OpenStamp methods were keyed with the frontier's settings (reference_runs.sh's qwen_paraphrase)."""
-    rename = renamer(second_model(root)["config"]["method_settings"])
+    OpenStamp methods were keyed with the frontier's settings (reference_runs.sh's QWEN_KEY, shared by both stages)."""
+    rename = renamer(frontier_results(root)["config"]["method_settings"])
     attacks = [read(f) for f in sorted((root / PARAPHRASE).glob("*.json"))]
     for a in attacks:
         a["runs"] = [rename(run) for run in a["runs"]]

@@ -375,6 +375,8 @@ frontier() {
     --out benchmarks/results/key_variants_fresh_keys.json
   $PY benchmarks/frontier/frontier_plot.py
 }
+# the default key's settings in the second model's stages (both name their OpenStamp methods by them in the tables)
+QWEN_KEY='{"shrinkage": 4, "centre": true}'
 qwen_frontier() {
   # the frontier on the second model, Qwen2.5-Coder-0.5B (tied, 151,936 tokens): the default key (openstamp-nosem,
   # shrinkage 4, centred), the same key with the projection, KGW+LLR and Unremovable, 3 strengths each, n 100, 200 new
@@ -386,7 +388,7 @@ qwen_frontier() {
   # and sampling and own perplexity ran 6-7x slower. Seeds may run on either: the merge names each seed's dtypes
   # (merge-runs --mixed-dtypes), each run's cost being paired with its own seed's original model
   local K=benchmarks/results/qwen05/frontier all=(0 1)
-  local both='{"shrinkage": 4, "centre": true}'
+  local both=$QWEN_KEY
   bash scripts/install_assets.sh qwen05
   for seed in ${QWEN_SEEDS:-${all[@]}}; do
     local R=runs/qwen-frontier-s$seed
@@ -410,9 +412,9 @@ qwen_paraphrase() {
   # paraphrase on the second model, as the paraphrase stage on the first (64 new tokens, 64 completions a key, the
   # 0.5B paraphraser with the paper's prompt and the strong one): the default key, the same key with P, KGW+LLR and
   # Unremovable, each at the strength of the qwen_frontier grid nearest +7% own PPL there (+7.7%, +10.2%, +7.8%,
-  # +5.9%), keys of seeds 0 and 1. The paraphraser is the instruct model this model is: the original's own wording.
-  # About 34 min for the eval and 39 min per prompt on 2 AMD EPYC cores
-  local R=runs/qwen-para K=benchmarks/results/qwen05/paraphrase both='{"shrinkage": 4, "centre": true}'
+  # +5.9%), keys of seeds 0 and 1. The paraphraser is this model's own unwatermarked instruct weights (on the first
+  # model it is another model). About 34 min for the eval and 39 min per prompt on 2 AMD EPYC cores
+  local R=runs/qwen-para K=benchmarks/results/qwen05/paraphrase both=$QWEN_KEY
   bash scripts/install_assets.sh qwen05
   $OPENSTAMP eval --model qwen2.5-coder-0.5b --methods openstamp-nosem,openstamp,kgw-llr,unremovable --seeds 0,1 \
     --n 64 --new-tokens 64 --oracle none --set lengths= \
