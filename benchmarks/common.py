@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def load_release(args):
     from transformers import AutoModelForCausalLM
 
     from openstamp import WatermarkKey
-    from openstamp.models import load_tokenizer
+    from openstamp.model.load import load_tokenizer
 
     ensure_key(args.model, args.key)
     torch.manual_seed(0)
@@ -80,8 +81,8 @@ def interleaved(fns: dict, repeats: int = 3) -> dict[str, float]:
 
 
 def write_result(name: str, data: dict) -> Path:
+    from openstamp.runtime import versions
     from openstamp.storage import atomic_write_text
-    from openstamp.watermark import versions
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
@@ -97,7 +98,7 @@ def heldout_windows(tokenizer, n: int, prompt_tokens: int, new_tokens: int, excl
     Documents whose sha256 is in ``exclude`` (those that built a key) are skipped.
     """
     from openstamp import load_documents, split_documents
-    from openstamp.text import prompt_windows
+    from openstamp.model.text import prompt_windows
 
     groups = []
     for spec in ("news", "wikipedia"):
@@ -144,8 +145,9 @@ def sweep(root: Path, variants: bool = True) -> dict:
 
 
 def variant_name(method: str, shrinkage: float, centre: bool, gamma: float = 0.25) -> str:
-    """How tables and plots name a kept variant: '<method> (shrinkage f)', '<method> (shrinkage f, centred)', and
-    ', gamma g' before the bracket closes where gamma is not the methods' 0.25."""
+    """How results recorded before 0.3.0 (every kept one) named a variant of an OpenStamp method (their names:
+    openstamp-nosem, openstamp): '<method> (shrinkage f)', '<method> (shrinkage f, centred)', and ', gamma g' before
+    the bracket closes where gamma is not 0.25. Tables show it as ``shown`` names it."""
     return (
         f"{method} (shrinkage {shrinkage:g}"
         + (", centred" if centre else "")
@@ -153,8 +155,30 @@ def variant_name(method: str, shrinkage: float, centre: bool, gamma: float = 0.2
     )
 
 
+# an OpenStamp method's name in results recorded before 0.3.0, with its kept variant's settings (variant_name)
+RECORDED = re.compile(r"(openstamp(?:-nosem)?)(?: \(shrinkage ([0-9.]+)(, centred)?(?:, gamma ([0-9.]+))?\))?")
+
+
+def shown(name: str) -> str:
+    """A method as tables name it now, from its name in a result recorded before 0.3.0: the default P = I method
+    (then openstamp-nosem) is ``openstamp``, the paper's projected one (then openstamp) ``openstamp-projected``, each
+    with the settings where they are not that method's defaults (``label``), e.g. 'openstamp (shrinkage 0,
+    uncentred)' for the plain openstamp-nosem of 0.1.0. Any other text is returned as it is."""
+    from openstamp.lab.methods.openstamp import current_name, label
+
+    found = RECORDED.fullmatch(name)
+    if found is None:
+        return name
+    old, shrinkage, centred, gamma = found.groups()
+    now = label(current_name(old, None), {"shrinkage": float(shrinkage or 0), "centre": bool(centred)})
+    if gamma is not None:
+        now = f"{now[:-1]}, gamma {float(gamma):g})" if now.endswith(")") else f"{now} (gamma {float(gamma):g})"
+    return now
+
+
 def default_method(methods: list[str]) -> str | None:
-    """The sweep's name for the key ``openstamp embed`` builds by default (its kept variant, or a plain method)."""
+    """The sweep's recorded name (before 0.3.0) of the key ``openstamp embed`` builds by default (its kept variant,
+    or a plain method)."""
     from openstamp.config import load_profile
 
     cfg = load_profile("default")
@@ -175,9 +199,19 @@ def read(path: Path) -> dict:
 
 
 def table(header: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
-    """A markdown table: the first ``text_columns`` left-aligned, the rest (numbers) right-aligned."""
+    """A markdown table: the first ``text_columns`` left-aligned, the rest (numbers) right-aligned; a cell that is a
+    recorded OpenStamp method's name shows its name now (``shown``)."""
     rule = "|" + "---|" * text_columns + "---:|" * (len(header) - text_columns)
+    header, rows = (
+        [shown(h) for h in header],
+        [[shown(cell) if isinstance(cell, str) else cell for cell in r] for r in rows],
+    )
     return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def shown_row(line: str) -> str:
+    """A markdown table row (made elsewhere, e.g. by the eval's report) with its cells as ``shown`` names them."""
+    return "|".join(f" {shown(cell.strip())} " if cell.strip() else cell for cell in line.split("|"))
 
 
 def pct(x: float | None) -> str:
@@ -190,7 +224,7 @@ def rate(x: float | None) -> str:
 
 def exact(hits: int, n: int) -> str:
     """A rate of ``hits`` in ``n`` texts with its Clopper-Pearson 95% interval."""
-    from openstamp.stats import clopper_pearson
+    from openstamp.detect.rates import clopper_pearson
 
     if not n:
         return "-"

@@ -363,7 +363,7 @@ frontier() {
   $V --variants raw-centred-f4-c0.1,raw-centred-f4-c0.3,raw-centred-f4-F1,raw-centred-f4-F10 --deltas 0.35 \
     --out benchmarks/results/key_variants_penalties.json
   # the default key on every position of the held-in windows (390,480 states, in shards), and 0.1.0's default key
-  # with its re-tied backbone repaired for 15 minutes (openstamp.repair) before sampling
+  # with its re-tied backbone repaired for 15 minutes (openstamp.embed.repair) before sampling
   $PY benchmarks/frontier/key_variants.py --profile default --variants centred-P240-N400000 --deltas 0.25,0.35 \
     --out benchmarks/results/key_variants_states.json
   # and on 500,000 states: those, plus 460 windows of the model's own samples (states.generated_windows)

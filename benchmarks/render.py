@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from attack_tables import durability, durability_cost, paraphrase
-from common import COST, RESULTS, TPR, default_method, pct, rate, read, sweep, table
+from common import COST, RESULTS, TPR, default_method, pct, rate, read, shown_row, sweep, table
 from model_tables import both_models, qwen_frontier, qwen_paraphrase
 from product_tables import (
     calibration_lengths,
@@ -42,7 +42,7 @@ BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 def equal_cost(root: Path) -> list[str]:
     """Each method's TPR at +5/+10/+20% own PPL and the cost of TPR 0.95 (report.equal_cost_table's table)."""
-    return [line for line in equal_cost_table(sweep(root)) if line.startswith("|")]
+    return [shown_row(line) for line in equal_cost_table(sweep(root)) if line.startswith("|")]
 
 
 def glance(root: Path) -> list[str]:
@@ -50,7 +50,7 @@ def glance(root: Path) -> list[str]:
     r = sweep(root)
     methods = list(dict.fromkeys(s["method"] for s in r["summary"]))
     default = default_method(methods)
-    labels = {default: f"**the default key**: {default}", "openstamp": "openstamp (projected: 0.1.0's default)"}
+    labels = {default: "**the default key**: openstamp", "openstamp": "openstamp-projected (0.1.0's default)"}
     rows = []
     for method in methods:
         if "(" in method and method != default:  # of the kept variants, only the default's

@@ -24,7 +24,7 @@ def tiny_model(out: Path, source: str = "smollm2-135m") -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from openstamp.models import load_tokenizer
+    from openstamp.model.load import load_tokenizer
 
     if (out / "config.json").exists():
         return out

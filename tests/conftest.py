@@ -174,8 +174,8 @@ def tied_dir(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def retied(tied_dir, corpus_file, tiny_config, tmp_path_factory):
-    """``tied_dir`` watermarked re-tied at delta 2 (model/) and its key (key/), by ``openstamp.watermark.embed``."""
-    from openstamp.watermark import embed
+    """``tied_dir`` watermarked re-tied at delta 2 (model/) and its key (key/), by ``openstamp.embed``."""
+    from openstamp.embed.pipeline import embed
 
     root = tmp_path_factory.mktemp("retied")
     cfg = tiny_config.with_overrides({"green.delta": 2.0})
@@ -188,7 +188,7 @@ def completion_auroc(marked, base, tokenizer, detector, documents) -> float:
     sampled from ``marked`` and from ``base``."""
     from sklearn.metrics import roc_auc_score
 
-    from openstamp.generate import sample_completions
+    from openstamp.model.generate import sample_completions
 
     ids = tokenizer([d.text for d in documents[:24]], add_special_tokens=False).input_ids
     prompts = [x[:8] for x in ids]
@@ -207,7 +207,7 @@ def saved_tensors(directory) -> dict[str, torch.Tensor]:
     return out
 
 
-ATTACK_METHODS = ("openstamp-nosem", "unremovable", "kgw")  # two weight-level methods and a decode-time one
+ATTACK_METHODS = ("openstamp", "unremovable", "kgw")  # two weight-level methods and a decode-time one
 
 
 @pytest.fixture(scope="session")
@@ -235,8 +235,8 @@ def eval_dir(model_dir, corpus_file, tmp_path_factory):
             "batch_size": 4,
             "score_batch_size": 4,
             "oracle": "none",
-            "method_settings": {"openstamp-nosem": {"profile": "small", "n_lists": 8}},
-            "strengths": {"openstamp-nosem": 2.0, "unremovable": 2.0, "kgw": 3.0},
+            "method_settings": {"openstamp": {"profile": "small", "n_lists": 8, "shrinkage": 0.0, "centre": False}},
+            "strengths": {"openstamp": 2.0, "unremovable": 2.0, "kgw": 3.0},
         }
     )
     run_eval(cfg, out, progress=False)

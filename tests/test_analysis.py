@@ -71,7 +71,7 @@ def test_text_llr_is_the_difference_of_mean_nlls():
     from conftest import make_model
 
     from openstamp.lab.analysis.llr import text_llr
-    from openstamp.patch import head
+    from openstamp.model.patch import head
 
     model, marked = make_model(tied=False, vocab_size=64), make_model(tied=False, vocab_size=64)
     with torch.no_grad():
@@ -90,7 +90,7 @@ def test_analyze_llr_rescores_the_weight_level_baseline(eval_dir, tmp_path):
     result = CliRunner().invoke(app, ["analyze", "llr", "--eval", str(eval_dir), "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "results.json").read_text())["rows"]
-    assert [r["method"] for r in rows] == ["unremovable"] and (out / "llr.png").exists()  # openstamp-nosem: LLR already
+    assert [r["method"] for r in rows] == ["unremovable"] and (out / "llr.png").exists()  # openstamp: LLR already
     mean = rows[0]["mean_llr"]
     assert mean["watermarked"] > mean["unwatermarked"] and mean["watermarked"] > mean["human"]
     assert 0.0 <= rows[0]["llr"]["auroc"] <= 1.0 and rows[0]["native"]["auroc"] is not None
@@ -104,8 +104,8 @@ def test_analyze_llr_reads_a_head_only_watermark_from_the_originals_states(eval_
 
     import openstamp.lab.analysis.llr as llr_module
     from openstamp.lab.attacks.common import load_method, open_eval, watermarked_copy
-    from openstamp.models import load_model
-    from openstamp.text import bos_prefix
+    from openstamp.model.load import load_model
+    from openstamp.model.text import bos_prefix
 
     caches = []
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import openstamp.lab.attacks.finetune as finetune
 from openstamp.cli import app
 from openstamp.corpus import Document
+from openstamp.detect.rates import clopper_pearson
 from openstamp.lab.attacks.common import open_eval, select_runs
 from openstamp.lab.attacks.edits import EditConfig, edit_tokens, run_edit
 from openstamp.lab.attacks.finetune import FinetuneConfig, prepare, run_finetune, train, training_windows
@@ -34,8 +35,7 @@ from openstamp.lab.attacks.similarity import measure_quality, ngram_survival
 from openstamp.lab.evaluation.metrics import tpr_at_fpr
 from openstamp.lab.evaluation.report import write_report
 from openstamp.lab.evaluation.results import against
-from openstamp.patch import head
-from openstamp.stats import clopper_pearson
+from openstamp.model.patch import head
 
 runner = CliRunner()
 CHAT_TEMPLATE = (
@@ -279,7 +279,7 @@ def test_finetune_attack_end_to_end_and_resume(eval_dir, corpus_file, tmp_path, 
     results = run_finetune(eval_dir, out, cfg, progress=False)
     assert results["skipped"] == ["kgw"]
     assert {(r["method"], r["step"]) for r in results["runs"]} == {
-        (m, s) for m in ("openstamp-nosem", "unremovable") for s in (0, 2, 4)
+        (m, s) for m in ("openstamp", "unremovable") for s in (0, 2, 4)
     }
     assert all(r["train_loss"] is not None for r in results["runs"] if r["step"] > 0)
     assert (out / "finetune_tpr.png").exists()
@@ -331,9 +331,9 @@ def _stub_embeddings(texts, name="minilm", **kwargs):
 
 
 def test_paraphrase_attack_end_to_end(eval_dir, model_dir, tokenizer, tmp_path, monkeypatch):
-    import openstamp.embedder
+    import openstamp.embed.sentences
 
-    monkeypatch.setattr(openstamp.embedder, "encode_texts", _stub_embeddings)
+    monkeypatch.setattr(openstamp.embed.sentences, "encode_texts", _stub_embeddings)
     paraphraser = tmp_path / "paraphraser"  # the tiny model, made 'instruct' with a chat template
     make_model(False, len(tokenizer) + 12, seed=3).save_pretrained(paraphraser)
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -474,7 +474,7 @@ def test_a_killed_head_training_resumes_to_the_weights_of_an_uninterrupted_one(t
 def test_reinit_head_recovers_some_quality_and_keeps_the_embeddings(
     model_dir, corpus_file, eval_dir, tokenizer, tmp_path
 ):
-    from openstamp.models import load_model
+    from openstamp.model.load import load_model
 
     cfg = ReinitConfig(
         corpus=str(corpus_file), steps=30, every=10, batch_size=4, seq_len=32, lr=3e-2, train_windows=64, eval_windows=8

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app as cli
 from openstamp.key import WatermarkKey
-from openstamp.matrices import similarity
-from openstamp.patch import apply_watermark, head
+from openstamp.model.patch import apply_watermark, head
+from openstamp.model.similarity import similarity
 from openstamp.release.audit import audit, sketch_rank
 
 runner = CliRunner()

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from openstamp.detect.rates import threshold_at_fpr
 from openstamp.lab.evaluation.budget import (
     ceiling_separation,
     ceiling_tpr,
@@ -14,7 +15,6 @@ from openstamp.lab.evaluation.budget import (
     separation,
     tokens_to_reach,
 )
-from openstamp.stats import threshold_at_fpr
 
 
 def contexts(n: int, vocab: int, delta: float, gamma: float, seed: int):

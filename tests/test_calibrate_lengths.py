@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.detect.calibrate import calibrated_threshold, empirical_thresholds, length_band, length_record
-from openstamp.stats import clopper_pearson
+from openstamp.detect.rates import clopper_pearson
 
 runner = CliRunner()
 

@@ -10,11 +10,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from openstamp.cli import app
+from openstamp.embed.pipeline import Release, write_release
 from openstamp.key import WatermarkKey
-from openstamp.patch import head
+from openstamp.model.patch import head
 from openstamp.release.audit import audit
 from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, Disclosure, model_card, read_disclosure
-from openstamp.watermark import Release, write_release
 
 runner = CliRunner()
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Chat, Detector, render_chat
-from openstamp.patch import apply_watermark
-from openstamp.watermark import build_key
+from openstamp.embed.build import build_key
+from openstamp.model.patch import apply_watermark
 
 TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"

@@ -127,3 +127,81 @@ def test_engine_ray_without_ray_names_the_extra(release, tmp_path):
     child = run_child(code)
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.startswith("2 ") and "pip install 'openstamp[ray]'" in child.stdout
+
+
+def product_files() -> list[Path]:
+    return [p for p in SRC.rglob("*.py") if "lab" not in p.relative_to(SRC).parts]
+
+
+def test_at_most_eight_modules_sit_at_the_package_root():
+    root = sorted(p.name for p in SRC.glob("*.py"))
+    assert "__init__.py" in root and len(root) <= 8, root
+
+
+def test_detection_never_imports_the_write_side():
+    detect = list((SRC / "detect").glob("*.py"))
+    assert len(detect) > 5
+    offenders = {p.name: sorted(m for m in imported_modules(p) if m.startswith("openstamp.embed")) for p in detect}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def thread_locals(path: Path) -> list[int]:
+    """Lines of ``path`` that make a thread-local (``threading.local()`` or ``local()`` from threading)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr == "local") or (isinstance(f, ast.Name) and f.id == "local"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_product_keeps_no_thread_locals():
+    assert thread_locals(SRC / "lab" / "hidden.py")  # the check finds the lab's
+    found = {str(p.relative_to(SRC)): thread_locals(p) for p in product_files()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def private_uses(path: Path, modules: dict[str, set[str]]) -> list[str]:
+    """Private names (one leading underscore) that ``path`` imports from another openstamp module, or reads as an
+    attribute of an object that is not ``self`` or ``cls``, where some other module of the package defines them."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+    others = set().union(*(names for p, names in modules.items() if p != str(path))) - own
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("openstamp"):
+            uses += [
+                f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            target = node.value.id if isinstance(node.value, ast.Name) else None
+            if target not in ("self", "cls") and node.attr in others:
+                uses.append(f"{target}.{node.attr}")
+    return uses
+
+
+def defined_private_names(paths: list[Path]) -> dict[str, set[str]]:
+    """Per file, the private functions, classes and methods it defines."""
+    found = {}
+    for p in paths:
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        found[str(p)] = {
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and n.name.startswith("_")
+            and not n.name.startswith("__")
+        }
+    return found
+
+
+def test_no_module_calls_another_modules_private_names(tmp_path):
+    files = [*SRC.rglob("*.py"), *(SRC.parents[1] / "benchmarks").rglob("*.py")]
+    modules = defined_private_names(files)
+    found = {str(p.relative_to(SRC.parents[1])): private_uses(p, modules) for p in files}
+    assert {k: v for k, v in found.items() if v} == {}
+    # the check can fail: a module that calls a detector's private step is caught
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(detector):\n    return detector._hidden_step([])\n", encoding="utf-8")
+    assert private_uses(bad, {"other.py": {"_hidden_step"}}) == ["detector._hidden_step"]

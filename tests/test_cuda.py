@@ -65,7 +65,10 @@ def test_eval_on_cuda_runs_every_method(tmp_path, tokenizer, corpus_file):
     make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(model)
     tokenizer.save_pretrained(model)
     cfg = tiny_eval(model, corpus_file, device="cuda")
-    settings = {**cfg.method_settings, "openstamp": {**cfg.method_settings["openstamp"], "projection": False}}
+    settings = {
+        **cfg.method_settings,
+        "openstamp-projected": {**cfg.method_settings["openstamp-projected"], "projection": False},
+    }
     run_eval(dataclasses.replace(cfg, method_settings=settings), tmp_path / "eval", progress=False)
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["config"]["device"] == "cuda"

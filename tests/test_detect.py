@@ -10,11 +10,11 @@ from sklearn.metrics import roc_auc_score
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
-from openstamp.generate import sample_completions
+from openstamp.embed.build import build_key
 from openstamp.key import KeyMismatchError
-from openstamp.models import load_model
-from openstamp.patch import apply_watermark, head
-from openstamp.watermark import build_key
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import load_model
+from openstamp.model.patch import apply_watermark, head
 
 
 @pytest.fixture(scope="module")
@@ -203,21 +203,19 @@ def test_long_texts_are_truncated(setup):
 def test_texts_cut_from_scored_ones_take_their_token_statistics_inside_a_cache(setup, monkeypatch):
     """The eval's length curve: a text that starts a text scored before, in the same cache, goes through no
     vocabulary pass, and scores as a fresh detector scores it."""
-    import openstamp.detect.detector as detector_module
-    from openstamp.hidden import HiddenCache, reusing
+    import openstamp.detect.statistics as statistics_module
+    from openstamp.lab.detector import LabDetector
+    from openstamp.lab.hidden import HiddenCache, reusing
 
     texts = setup["wm"][:6]
     cuts = [t[:20] for t in texts] + [t[:12] for t in texts]
     other = "a text that starts no scored one"
     config = DetectConfig(min_tokens=4)
     fresh = Detector(setup["model"], setup["tok"], setup["key"], config).detect([*cuts, other])
-    from openstamp.lab.evaluation.memo import StatsMemo
-
-    det = Detector(setup["model"], setup["tok"], setup["key"], config)
-    assert det.memo is None  # the product keeps nothing unless its caller sets a memo
-    det.memo = StatsMemo()
-    rows, real = [], detector_module.token_stats
-    monkeypatch.setattr(detector_module, "token_stats", lambda h, *a, **k: rows.append(len(h)) or real(h, *a, **k))
+    assert not hasattr(Detector(setup["model"], setup["tok"], setup["key"], config), "memo")  # the product keeps none
+    det = LabDetector(setup["model"], setup["tok"], setup["key"], config)
+    rows, real = [], statistics_module.token_stats
+    monkeypatch.setattr(statistics_module, "token_stats", lambda h, *a, **k: rows.append(len(h)) or real(h, *a, **k))
     det.detect(texts)
     assert not det.memo.kept  # outside a cache nothing is kept
     with reusing(HiddenCache()):
@@ -233,9 +231,10 @@ def test_texts_cut_from_scored_ones_take_their_token_statistics_inside_a_cache(s
 
 
 def test_p_values_needed_to_a_level_skip_the_tail_bound_and_decide_alike(setup):
-    from openstamp.detect.detector import PERMUTATION_TEST, p_values_down_to
+    from openstamp.detect.decision import PERMUTATION_TEST
+    from openstamp.lab.detector import LabDetector, p_values_down_to
 
-    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
+    det = LabDetector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
     floor = 1 / (det.config.n_permutations + 1)
     refined = det.detect(setup["wm"][:8])
     assert any("tail_p" in r.detectors for r in refined)  # the strong tiny watermark reaches the floor
@@ -250,8 +249,8 @@ def test_p_values_needed_to_a_level_skip_the_tail_bound_and_decide_alike(setup):
 
 def test_the_statistics_memo_is_bounded_and_a_new_cache_or_precision_empties_it():
     from openstamp.detect.llr import TokenStats
-    from openstamp.hidden import HiddenCache
     from openstamp.lab.evaluation.memo import StatsMemo
+    from openstamp.lab.hidden import HiddenCache
 
     def stats(n: int) -> TokenStats:
         x = torch.arange(n, dtype=torch.float32)

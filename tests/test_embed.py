@@ -7,10 +7,11 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.corpus import CorpusError, load_documents, split_documents
+from openstamp.embed.build import build_key
+from openstamp.embed.pipeline import embed
 from openstamp.key import WatermarkKey
-from openstamp.models import ModelNotFoundError, load_model
-from openstamp.patch import check_key
-from openstamp.watermark import build_key, embed
+from openstamp.model.load import ModelNotFoundError, load_model
+from openstamp.model.patch import check_key
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from openstamp.lab.evaluation.config import EvalConfig
 from openstamp.lab.evaluation.metrics import METRICS
 from openstamp.lab.evaluation.report import COLUMNS, fmt, shown_columns, timing_lines
 from openstamp.lab.evaluation.timings import StageClock, record_timings
-from openstamp.monitor import machine
+from openstamp.runtime import machine
 
 runner = CliRunner()
 METHODS = tuple(pipeline.REGISTRY)  # every registered method
@@ -21,8 +21,8 @@ METHODS = tuple(pipeline.REGISTRY)  # every registered method
 # variants need the most: on 8 completions of 32 tokens their AUROC ranged 0.47-1.0 over seeds 0-3 at delta 2
 # (either sampler), 0.72-1.0 at delta 6
 TINY_STRENGTHS = {
+    "openstamp-projected": 6.0,
     "openstamp": 6.0,
-    "openstamp-nosem": 6.0,
     "unremovable": 2.0,
     "gaussmark": 0.5,
     "kgw": 3.0,
@@ -34,8 +34,8 @@ TINY_STRENGTHS = {
 
 def tiny_eval(model_dir, corpus_file, methods=METHODS, **overrides) -> EvalConfig:
     settings = {
-        "openstamp": {"profile": "small", "n_lists": 8},
-        "openstamp-nosem": {"profile": "small", "n_lists": 8},
+        "openstamp-projected": {"profile": "small", "n_lists": 8},
+        "openstamp": {"profile": "small", "n_lists": 8, "shrinkage": 0.0, "centre": False},
         "kgw-distilled": {"delta": 3.0, "steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2},
         "sir": {"embedder": "bow", "steps": 100},  # a light embedder and a short training
     }
@@ -114,7 +114,7 @@ def test_every_method_detects_itself_on_the_tiny_model(finished_run):
 
 
 def test_every_run_reports_its_own_perplexity_against_the_original(finished_run):
-    from openstamp.quality import perplexity
+    from openstamp.model.perplexity import perplexity
 
     out, results, _ = finished_run
     original = results["references"]["human"]["own_ppl_original"]
@@ -130,10 +130,10 @@ def test_every_run_reports_its_own_perplexity_against_the_original(finished_run)
 def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_run, model_dir, corpus_file):
     """The eval starts a keeps_hidden method's own perplexity from the original's cached states; recomputed here
     with the key applied and no cache (in the run's own_ppl_dtype), every run's NLLs are the same."""
-    from openstamp.hidden import autocast_decoder
-    from openstamp.models import load_model
-    from openstamp.quality import window_nll
-    from openstamp.text import bos_prefix
+    from openstamp.lab.hidden import autocast_decoder, lab_hidden
+    from openstamp.model.load import load_model
+    from openstamp.model.perplexity import window_nll
+    from openstamp.model.text import bos_prefix
 
     out, results, _ = finished_run
     cfg = EvalConfig.from_file(str(out / "config.json"))
@@ -147,7 +147,7 @@ def test_own_perplexity_from_reused_hidden_states_equals_a_fresh_pass(finished_r
         method.apply(model)
         try:
             with autocast_decoder(cfg.own_ppl_dtype):
-                fresh = window_nll(model, pairs, method.logits_processor(), cfg.score_batch_size)
+                fresh = window_nll(model, pairs, method.logits_processor(), cfg.score_batch_size, hidden=lab_hidden)
         finally:
             method.revert(model)
         kept = json.loads((out / "own_ppl" / f"{run['generations'].replace('/', '_')}.json").read_text())
@@ -204,7 +204,7 @@ def test_the_eval_dtypes_are_recorded_resolved_and_a_run_from_before_them_ran_in
     import shutil
 
     from openstamp.lab.attacks.common import open_eval
-    from openstamp.models import fast_dtype
+    from openstamp.model.load import fast_dtype
 
     out, results, methods = finished_run
     fields = ("score_dtype", "sample_dtype", "own_ppl_dtype")
@@ -240,7 +240,7 @@ def test_a_detector_marked_strength_free_scores_alike_at_every_strength(finished
         method = pipeline.keyed_method(out, name, 0, cfg, model, tokenizer, [])
         one, other = (method.with_strength(s) for s in (0.5 * method.strength_value, 2.0 * method.strength_value))
         assert one.score(model, tokenizer, texts, 4) == other.score(model, tokenizer, texts, 4), name
-    for name in ("openstamp", "kgw-llr"):  # detectors that read the strength: the flag would be wrong
+    for name in ("openstamp-projected", "kgw-llr"):  # detectors that read the strength: the flag would be wrong
         method = pipeline.keyed_method(out, name, 0, cfg, model, tokenizer, [])
         one, other = (method.with_strength(s) for s in (0.5 * method.strength_value, 2.0 * method.strength_value))
         assert one.score(model, tokenizer, texts, 4) != other.score(model, tokenizer, texts, 4), name
@@ -268,7 +268,7 @@ def test_a_sweep_scores_the_negatives_of_a_strength_free_detector_once(model_dir
 
 
 def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file, tmp_path, monkeypatch):
-    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none")  # 2 sets x 2 batches
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp",), oracle="none")  # 2 sets x 2 batches
     real, calls = pipeline.sample_completions, []
 
     def counting(*args, **kwargs):
@@ -291,18 +291,18 @@ def test_an_interrupted_run_resumes_without_regenerating(model_dir, corpus_file,
     timings = resumed["timings_s"]  # the killed invocation's seconds were kept beside the resumed one's
     assert timings["invocations"] == 2 and timings["stages"]["generate"] > 0 and timings["complete"]
     assert timings["total"] == pytest.approx(sum(timings["stages"].values()), abs=0.5)
-    spent = timings["methods"]["openstamp-nosem"]  # the method's runs, over both invocations
+    spent = timings["methods"]["openstamp"]  # the method's runs, over both invocations
     assert spent["generate"] > 0 and spent["score"] > 0
     assert all(spent[stage] <= timings["stages"][stage] + 1e-3 for stage in spent)
     report = (tmp_path / "report.md").read_text()
     assert "Time spent per stage, summed over 2 invocation(s)" in report
     assert "No perplexity oracle (`--oracle none`)." in report
     per_run = report.split("## Per run")[1].split("## Plots")[0]
-    assert per_run.count("| openstamp-nosem@") == 1  # its row, with '-' where the oracle's columns would be
+    assert per_run.count("| openstamp@") == 1  # its row, with '-' where the oracle's columns would be
 
 
 def test_too_few_windows_is_a_clear_error(model_dir, corpus_file, tmp_path):
-    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), n=10_000, oracle="none")
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp",), n=10_000, oracle="none")
     with pytest.raises(ValueError, match=re.escape("fewer than n=10000")):
         pipeline.run_eval(cfg, tmp_path, progress=False)
 
@@ -310,9 +310,9 @@ def test_too_few_windows_is_a_clear_error(model_dir, corpus_file, tmp_path):
 def test_eval_config_file_and_cli_overrides(model_dir, corpus_file, tmp_path):
     path = tmp_path / "eval.yaml"
     path.write_text(
-        f"model: {model_dir}\nmethods: [openstamp-nosem]\ncorpus: {corpus_file}\n"
+        f"model: {model_dir}\nmethods: [openstamp]\ncorpus: {corpus_file}\n"
         f"key_corpus: {corpus_file}\nn: 4\nprompt_tokens: 8\nnew_tokens: 20\noracle: none\n"
-        "batch_size: 4\nmethod_settings: {openstamp-nosem: {profile: small, n_lists: 8}}\n"
+        "batch_size: 4\nmethod_settings: {openstamp: {profile: small, n_lists: 8, shrinkage: 0.0, centre: false}}\n"
     )
     result = runner.invoke(app, ["eval", "--config", str(path), "--n", "3", "--out", str(tmp_path / "run"), "--quiet"])
     assert result.exit_code == 0, result.output
@@ -327,12 +327,12 @@ def test_eval_config_file_and_cli_overrides(model_dir, corpus_file, tmp_path):
 
 def test_saved_keys_carry_fingerprints_for_the_base_model(finished_run, model_dir):
     from openstamp.key import WatermarkKey
-    from openstamp.models import load_model
-    from openstamp.patch import check_key
+    from openstamp.model.load import load_model
+    from openstamp.model.patch import check_key
 
     out, _, _ = finished_run
     base, _ = load_model(str(model_dir))
-    key = WatermarkKey.load(out / "keys" / "openstamp" / "s0" / "key")
+    key = WatermarkKey.load(out / "keys" / "openstamp-projected" / "s0" / "key")
     assert check_key(base, key) == "original"  # reloaded keys (e.g. by the attacks) still match the model
 
 
@@ -346,18 +346,18 @@ def test_each_run_records_the_digest_of_the_key_that_made_it(finished_run, tmp_p
 
     out, results, _ = finished_run
     digest = {r["method"]: r["key_sha256"] for r in results["runs"]}
-    key = out / "keys" / "openstamp" / "s0"
-    assert digest["openstamp"] == key_digest(key)
+    key = out / "keys" / "openstamp-projected" / "s0"
+    assert digest["openstamp-projected"] == key_digest(key)
     assert digest["kgw"] == digest["kgw-llr"]  # one seed's green lists, scored two ways
     assert len(set(digest.values())) == len(digest) - 1
     copy = tmp_path / "copy"
     shutil.copytree(key, copy)
-    assert key_digest(copy) == digest["openstamp"]  # the tensors, not where they lie
+    assert key_digest(copy) == digest["openstamp-projected"]  # the tensors, not where they lie
     tensors = load_file(str(copy / "key" / "key.safetensors"))
     selector = tensors["selector"].clone()
     selector.view(-1)[0] = torch.nextafter(selector.view(-1)[0], torch.tensor(float("inf")))  # one ulp
     save_file({**tensors, "selector": selector}, str(copy / "key" / "key.safetensors"))
-    assert key_digest(copy) != digest["openstamp"]
+    assert key_digest(copy) != digest["openstamp-projected"]
 
 
 def test_length_curve_ends_at_the_full_scores_and_is_reported(finished_run):
@@ -456,14 +456,14 @@ def test_a_swept_length_curve_gets_one_panel_per_method(tmp_path):
 
 def test_cut_texts_scored_from_the_full_texts_states_match_a_plain_scoring(finished_run):
     """The length stage runs after the score stage inside one cache: a cut text takes the states of its full text."""
-    from openstamp.hidden import HiddenCache, autocast_decoder, reusing
     from openstamp.lab.evaluation.lengths import lengths_path
+    from openstamp.lab.hidden import HiddenCache, autocast_decoder, reusing
     from openstamp.storage import read_json
 
     out, results, _ = finished_run
     cfg = EvalConfig.from_dict(json.loads((out / "config.json").read_text()))
     model, tokenizer = load_model(cfg.model)
-    for name in ("openstamp", "kgw-llr"):  # a Detector and a method of its own, both running the decoder
+    for name in ("openstamp-projected", "kgw-llr"):  # a Detector and a method of its own, both running the decoder
         run = next(r for r in results["runs"] if r["method"] == name)
         method = pipeline.keyed_method(out, name, 0, cfg, model, tokenizer, []).with_strength(run["strength"])
         ids = pipeline.load_generations(out, run["generations"])
@@ -474,7 +474,9 @@ def test_cut_texts_scored_from_the_full_texts_states_match_a_plain_scoring(finis
             method.score(model, tokenizer, full, cfg.score_batch_size)
             reused = [s.score for s in method.score(model, tokenizer, cut, cfg.score_batch_size)]
         assert cache.prefix_hits >= 1, name  # some batch of cut texts ran no decoder
-        if name == "openstamp":  # its kept detector (untied model here) took cut texts' statistics from full ones
+        if (
+            name == "openstamp-projected"
+        ):  # its kept detector (untied model here) took cut texts' statistics from full ones
             assert method._detector(model, tokenizer, cfg.score_batch_size).memo.hits >= 1
         with autocast_decoder(cfg.score_dtype):
             plain = [s.score for s in method.score(model, tokenizer, cut, cfg.score_batch_size)]
@@ -532,11 +534,11 @@ def test_one_length_or_seed_given_as_a_number():
 
 
 def test_a_run_grows_by_seeds_and_methods_but_not_by_other_changes(tmp_path):
-    pipeline._check_config(EvalConfig(seeds=(0,), methods=("openstamp", "kgw")), tmp_path)
-    grown = EvalConfig(seeds=(0, 1, 2), methods=("openstamp", "kgw", "sir"))
+    pipeline._check_config(EvalConfig(seeds=(0,), methods=("openstamp-projected", "kgw")), tmp_path)
+    grown = EvalConfig(seeds=(0, 1, 2), methods=("openstamp-projected", "kgw", "sir"))
     pipeline._check_config(grown, tmp_path)  # accepted: seed 0's openstamp and kgw are re-used
     stored = json.loads((tmp_path / "config.json").read_text())
-    assert stored["seeds"] == [0, 1, 2] and stored["methods"] == ["openstamp", "kgw", "sir"]
+    assert stored["seeds"] == [0, 1, 2] and stored["methods"] == ["openstamp-projected", "kgw", "sir"]
     for other in (EvalConfig(seeds=(1, 2), methods=grown.methods), EvalConfig(seeds=(0, 1, 2), methods=("kgw",))):
         with pytest.raises(ValueError, match="different settings"):  # dropping a seed or a method is a change
             pipeline._check_config(other, tmp_path)
@@ -557,20 +559,20 @@ def test_a_killed_sweep_resumes_where_it_stopped(model_dir, corpus_file, tmp_pat
     import sys
     import time
 
-    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none", sweep=True, lengths=(16,))
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp",), oracle="none", sweep=True, lengths=(16,))
     cfg_file = tmp_path / "sweep.json"
     settings = cfg.to_dict()
-    settings["grids"] = {"openstamp-nosem": [1.0, 2.0, 3.0]}
+    settings["grids"] = {"openstamp": [1.0, 2.0, 3.0]}
     cfg_file.write_text(json.dumps(settings))
     out = tmp_path / "run"
     command = [sys.executable, "-m", "openstamp.cli", "eval", "--config", str(cfg_file), "--out", str(out), "--quiet"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and not (out / "scores" / "openstamp-nosem@1_s0.json").exists():
+        while time.time() < deadline and not (out / "scores" / "openstamp@1_s0.json").exists():
             assert process.poll() is None, "the sweep ended before it could be killed"
             time.sleep(0.2)
-        assert (out / "scores" / "openstamp-nosem@1_s0.json").exists(), "the first strength never finished"
+        assert (out / "scores" / "openstamp@1_s0.json").exists(), "the first strength never finished"
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
@@ -634,13 +636,13 @@ def test_an_openstamp_key_saved_before_shrinkage_existed_is_read_as_unshrunk(mod
     """A key saved without the shrinkage field fitted S without it (added_settings): an eval asking for shrinkage
     does not take it as a shrunk one."""
     settings = {"profile": "small", "n_lists": 8, "shrinkage": 2.0}
-    methods = ("openstamp-nosem",)
+    methods = ("openstamp",)
     cfg = tiny_eval(model_dir, corpus_file, methods, oracle="none", lengths=[], method_settings={methods[0]: settings})
     pipeline.run_eval(cfg, tmp_path, progress=False)
-    recorded = tmp_path / "keys" / "openstamp-nosem" / "s0" / "settings.json"
+    recorded = tmp_path / "keys" / "openstamp" / "s0" / "settings.json"
     saved = json.loads(recorded.read_text())
     assert saved.pop("shrinkage") == 2.0
-    key = json.loads((tmp_path / "keys" / "openstamp-nosem" / "s0" / "key" / "key.json").read_text())
+    key = json.loads((tmp_path / "keys" / "openstamp" / "s0" / "key" / "key.json").read_text())
     assert key["stats"]["selector"]["ridge_lambda"] > 1e-3  # the shrunk penalty, recorded with the key
     recorded.write_text(json.dumps(saved))  # as a key saved before the field existed
     with pytest.raises(ValueError, match="shrinkage: 0.0 there, 2.0 now"):
@@ -648,13 +650,13 @@ def test_an_openstamp_key_saved_before_shrinkage_existed_is_read_as_unshrunk(mod
 
 
 def test_a_key_built_with_other_settings_is_refused(model_dir, corpus_file, tmp_path):
-    cfg = tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none")
+    cfg = tiny_eval(model_dir, corpus_file, ("openstamp",), oracle="none")
     pipeline.run_eval(cfg, tmp_path, progress=False)
-    recorded = tmp_path / "keys" / "openstamp-nosem" / "s0" / "settings.json"
+    recorded = tmp_path / "keys" / "openstamp" / "s0" / "settings.json"
     settings = json.loads(recorded.read_text())
-    assert settings["n_lists"] == cfg.method_settings["openstamp-nosem"]["n_lists"]
+    assert settings["n_lists"] == cfg.method_settings["openstamp"]["n_lists"]
     recorded.write_text(json.dumps({k: v for k, v in settings.items() if k != "n_lists"}))
     pipeline.run_eval(cfg, tmp_path, progress=False)  # a field added since the key was built takes today's value
     recorded.write_text(json.dumps({**settings, "n_lists": settings["n_lists"] + 1}))  # as if a default had changed
-    with pytest.raises(ValueError, match="built with other openstamp-nosem settings \\(n_lists"):
+    with pytest.raises(ValueError, match="built with other openstamp settings \\(n_lists"):
         pipeline.run_eval(cfg, tmp_path, progress=False)

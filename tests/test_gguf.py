@@ -21,13 +21,13 @@ from typer.testing import CliRunner
 from openstamp.cli import app
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
+from openstamp.embed.pipeline import embed
 from openstamp.key import WatermarkKey
-from openstamp.models import load_model
-from openstamp.patch import is_tied
+from openstamp.model.load import load_model
+from openstamp.model.patch import is_tied
 from openstamp.release import gguf_export
 from openstamp.release.gguf_export import export_gguf, tensor_type
 from openstamp.release.gguf_quants import encode, roundtrip
-from openstamp.watermark import embed
 
 runner = CliRunner()
 CODECS = (T.Q8_0, T.Q6_K, T.Q5_0, T.Q4_K, T.Q4_0)  # finest to coarsest, as llama.cpp ranks them

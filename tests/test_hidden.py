@@ -5,15 +5,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from openstamp.config import StatesConfig
 from openstamp.corpus import load_documents
-from openstamp.hidden import (
-    HiddenCache,
-    autocast_decoder,
-    collect_states,
-    decoder_dtype,
-    final_hidden,
-    plan_windows,
-    reusing,
-)
+from openstamp.embed.states import collect_states, plan_windows
+from openstamp.lab.hidden import HiddenCache, autocast_decoder, decoder_dtype, reusing
+from openstamp.lab.hidden import lab_hidden as final_hidden
 from openstamp.lab.methods.common import right_padded
 
 

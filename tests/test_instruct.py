@@ -92,7 +92,7 @@ def test_instruct_attack_end_to_end_and_cli(eval_dir, corpus_file, tmp_path):
     results = run_instruct(eval_dir, out, cfg, progress=False)
     assert results["skipped"] == ["kgw"] and results["examples"] == 8
     assert {(r["method"], r["step"]) for r in results["runs"]} == {
-        (m, s) for m in ("openstamp-nosem", "unremovable") for s in (0, 2)
+        (m, s) for m in ("openstamp", "unremovable") for s in (0, 2)
     }
     assert "Training loss" in (eval_dir / "attacks" / "instruct.md").read_text()
     data = _write(tmp_path / "local.jsonl", ROWS * 2)

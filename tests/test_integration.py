@@ -5,9 +5,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from openstamp import DetectConfig, Detector, WatermarkKey, embed, load_documents, load_model, load_profile
-from openstamp.generate import sample_completions
-from openstamp.patch import check_key, head, is_tied
-from openstamp.text import prompt_windows
+from openstamp.model.generate import sample_completions
+from openstamp.model.patch import check_key, head, is_tied
+from openstamp.model.text import prompt_windows
 
 pytestmark = pytest.mark.slow
 

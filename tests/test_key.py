@@ -222,8 +222,8 @@ def test_a_key_written_by_version_0_1_0_still_loads_and_detects(tokenizer):
 
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
-    from openstamp.generate import sample_completions
-    from openstamp.patch import apply_watermark
+    from openstamp.model.generate import sample_completions
+    from openstamp.model.patch import apply_watermark
 
     key = WatermarkKey.load(os.path.join(os.path.dirname(__file__), "data", "key-0.1.0"))
     header = json.loads(open(os.path.join(os.path.dirname(__file__), "data", "key-0.1.0", "key.json")).read())

@@ -12,12 +12,13 @@ import torch
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
-from openstamp.hidden import context_deltas, final_hidden, input_gradients, plan_windows
+from openstamp.embed.build import build_key
+from openstamp.embed.states import context_deltas, input_gradients, plan_windows
 from openstamp.key.selector import ridge
-from openstamp.models import load_model
-from openstamp.patch import apply_watermark, is_tied
-from openstamp.text import bos_prefix, token_frequencies
-from openstamp.watermark import build_key
+from openstamp.model.hidden import final_hidden
+from openstamp.model.load import load_model
+from openstamp.model.patch import apply_watermark, is_tied
+from openstamp.model.text import bos_prefix, token_frequencies
 
 SECRET = bytes(range(32))
 

@@ -11,13 +11,13 @@ from test_methods_baselines import WordsOnly
 from transformers import LogitsProcessorList
 
 from openstamp.corpus import load_documents
-from openstamp.generate import sample_completions
 from openstamp.lab.methods import REGISTRY, create
 from openstamp.lab.methods.kgw_distilled import KGWDistilledConfig, _kl_loss, mean_teacher_kl, teacher_kl
 from openstamp.lab.training import training_windows
-from openstamp.models import load_model
-from openstamp.patch import head
-from openstamp.text import encode
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import load_model
+from openstamp.model.patch import head
+from openstamp.model.text import encode
 
 TINY_BUDGET = {"steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2}  # learns the tiny model's lists
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.lab.attacks.merge import MergeConfig, lerp, merge_models, run_merge, slerp, task_merge
-from openstamp.patch import head, is_tied
+from openstamp.model.patch import head, is_tied
 
 runner = CliRunner()
 
@@ -160,7 +160,7 @@ def test_merge_attack_end_to_end(eval_dir, tmp_path):
     results = run_merge(eval_dir, out, cfg, progress=False)
     assert results["skipped"] == ["kgw"]
     settings = {(r["method"], r["merge"], r["t"]) for r in results["runs"]}
-    for method in ("openstamp-nosem", "unremovable"):
+    for method in ("openstamp", "unremovable"):
         assert {(method, "linear", 0.5), (method, "linear", 1.0), (method, "ties", 0.5)} <= settings
     back_to_base = [r for r in results["runs"] if r["merge"] == "linear" and r["t"] == 1.0]
     assert all(r["ppl"] == pytest.approx(results["with_model_ppl"], rel=1e-5) for r in back_to_base)

@@ -13,16 +13,17 @@ from sklearn.metrics import roc_auc_score
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from openstamp.corpus import load_documents
-from openstamp.generate import sample_completions
-from openstamp.hidden import autocast_decoder, final_hidden
+from openstamp.lab.hidden import autocast_decoder
 from openstamp.lab.methods import REGISTRY, Carrier, create
 from openstamp.lab.methods.base import score_dicts
 from openstamp.lab.methods.common import keyed_normal, keyed_uint32, method_secret, right_padded, scored_mask
 from openstamp.lab.methods.gaussmark import gradient_projection, up_proj
 from openstamp.lab.methods.kgw import _DOMAIN as KGW_DOMAIN
-from openstamp.models import load_model
-from openstamp.patch import head
-from openstamp.text import encode, never_green_ids
+from openstamp.model.generate import sample_completions
+from openstamp.model.hidden import final_hidden
+from openstamp.model.load import load_model
+from openstamp.model.patch import head
+from openstamp.model.text import encode, never_green_ids
 
 BASELINES = tuple(name for name in REGISTRY if not name.startswith("openstamp"))  # every registered baseline
 TEST_STRENGTH = {"unremovable": 2.0, "gaussmark": 0.5, "kgw": 2.0, "kgw-llr": 2.0, "kgw-distilled": 3.0, "sir": 2.0}

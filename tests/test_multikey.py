@@ -6,10 +6,10 @@ import pytest
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector, MultiKeyDetector, holm
-from openstamp.generate import sample_completions
-from openstamp.models import load_model
-from openstamp.patch import apply_watermark
-from openstamp.watermark import build_key
+from openstamp.embed.build import build_key
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import load_model
+from openstamp.model.patch import apply_watermark
 
 
 def holm_reference(p):
@@ -78,14 +78,18 @@ def test_the_best_key_is_named_and_p_values_are_holm_adjusted(setup):
     assert "best_key" not in single and "p_values_by_key" not in single  # one key: the output is as before
 
 
-def test_one_backbone_pass_serves_every_key(setup, monkeypatch):
+def test_one_backbone_pass_serves_every_key(setup):
     base, tok, keys, texts = setup
-    multi = MultiKeyDetector([Detector(base, tok, key, DetectConfig(min_tokens=4, batch_size=64)) for key in keys])
     calls = []
-    import openstamp.detect.detector as detector_module
+    from openstamp.model.hidden import final_hidden
 
-    forward = detector_module.final_hidden
-    monkeypatch.setattr(detector_module, "final_hidden", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    def counted(*a, **k):
+        calls.append(1)
+        return final_hidden(*a, **k)
+
+    multi = MultiKeyDetector(
+        [Detector(base, tok, key, DetectConfig(min_tokens=4, batch_size=64), hidden=counted) for key in keys]
+    )
     multi.detect(texts)
     # re-tied keys (a tied base) watermark the input embeddings too: each needs its own watermarked copy
     retied = all(d.model is not base for d in multi.detectors)

@@ -8,7 +8,7 @@ import torch
 from conftest import make_model
 
 from openstamp.lab.methods.kgw import GreenLists, KGWProcessor
-from openstamp.quality import change, perplexity, window_nll
+from openstamp.model.perplexity import change, perplexity, window_nll
 
 
 def windows(n=5, prompt=12, cont=20, vocab=300, seed=0):
@@ -33,13 +33,14 @@ def test_own_nll_matches_the_hugging_face_loss():
 
 def test_own_nll_with_the_decoder_in_bfloat16_stays_near_float32():
     """The eval's own_ppl_dtype: the decoder under bfloat16 autocast, the head and NLL in float32."""
-    from openstamp.hidden import autocast_decoder
+    from functools import partial
+
+    from openstamp.model.hidden import final_hidden
 
     model = make_model(False, 300)
     pairs = windows()
     full = window_nll(model, pairs, batch_size=2)
-    with autocast_decoder("bfloat16"):
-        half = window_nll(model, pairs, batch_size=2)
+    half = window_nll(model, pairs, batch_size=2, hidden=partial(final_hidden, dtype="bfloat16"))
     assert half != full  # the decoder did run in bfloat16
     assert half == pytest.approx(full, rel=1e-2)
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from openstamp.config import DetectConfig
 from openstamp.detect import Detector
-from openstamp.generate import sample_completions
+from openstamp.model.generate import sample_completions
 from openstamp.service import ApiKeys, ServiceConfig, create_app
 from openstamp.service.page import STATIC
 

@@ -4,7 +4,15 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from openstamp.key import KeyMismatchError, WatermarkKey
-from openstamp.patch import TIED_WARNING, apply_watermark, check_key, head, is_tied, revert_watermark, tied_head_mode
+from openstamp.model.patch import (
+    TIED_WARNING,
+    apply_watermark,
+    check_key,
+    head,
+    is_tied,
+    revert_watermark,
+    tied_head_mode,
+)
 
 MODES = ("retie", "untie")
 
@@ -190,7 +198,7 @@ def test_a_retied_release_whose_embeddings_move_as_much_as_the_head_is_warned_ab
     falls apart; embed records the ratio and warns above RETIE_SHIFT_WARN."""
     import dataclasses
 
-    from openstamp.patch import RETIE_SHIFT_WARN
+    from openstamp.model.patch import RETIE_SHIFT_WARN
 
     model = load(tiny_model_dir)
     base = key_for(model)

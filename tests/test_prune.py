@@ -19,7 +19,7 @@ from openstamp.lab.attacks.prune import (
     run_prune,
     wanda_mask,
 )
-from openstamp.patch import head, is_tied
+from openstamp.model.patch import head, is_tied
 
 runner = CliRunner()
 
@@ -72,7 +72,7 @@ def test_prune_attack_end_to_end_and_cli(eval_dir, corpus_file, tmp_path):
     )
     results = run_prune(eval_dir, out, cfg, progress=False)
     assert {(r["method"], r["sparsity"]) for r in results["runs"]} == {
-        (m, s) for m in ("openstamp-nosem", "unremovable") for s in (0.0, 0.3)
+        (m, s) for m in ("openstamp", "unremovable") for s in (0.0, 0.3)
     }
     assert 0.25 < results["sparsity_reached"]["wanda/s0.3"]["min"] <= 0.3
     assert all(r["ppl"] > 1 for r in results["runs"])

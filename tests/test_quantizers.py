@@ -7,7 +7,7 @@ from conftest import make_model
 from openstamp.errors import MissingExtraError
 from openstamp.lab.attacks import quantizers
 from openstamp.lab.attacks.quantizers import quantize_model, quantize_nf4
-from openstamp.patch import head, is_tied
+from openstamp.model.patch import head, is_tied
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

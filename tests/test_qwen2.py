@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.detect import Detector
-from openstamp.generate import sample_completions
 from openstamp.key import WatermarkKey
-from openstamp.models import load_model
-from openstamp.patch import check_key, head, is_tied
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import load_model
+from openstamp.model.patch import check_key, head, is_tied
 from openstamp.release.card import read_disclosure
 from openstamp.release.gguf_export import QWEN2_SPLIT, export_gguf, guess_pre
 
@@ -167,7 +167,7 @@ def test_an_untied_model_whose_embeddings_are_its_head_quantized_twice_is_found(
     """The packaged Qwen2.5-Coder-0.5B GGUF stores U twice (output.weight in Q8_0, token_embd in Q5_0) although
     upstream ties them; converted untied, a release would leave a near copy of U beside U~. The conversion ties
     such twins."""
-    from openstamp.models import embedding_name, quantized_twins
+    from openstamp.model.load import embedding_name, quantized_twins
 
     twin = make_qwen2(False, vocab_size=len(tokenizer) + 12)
     with torch.no_grad():

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 from openstamp.cli import app
 from openstamp.corpus import load_documents, split_documents
 from openstamp.detect import Detector
+from openstamp.embed.repair import RepairConfig, document_windows, repair_backbone, window_kl
 from openstamp.errors import InvalidKeyError, KeyMismatchError, RepairError
 from openstamp.key import WatermarkKey
-from openstamp.models import load_model
-from openstamp.patch import head, is_tied
-from openstamp.repair import RepairConfig, document_windows, repair_backbone, window_kl
+from openstamp.model.load import load_model
+from openstamp.model.patch import head, is_tied
 
 runner = CliRunner()
 # transformers writes these itself on save and load; every other config field must be the base's

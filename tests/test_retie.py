@@ -13,13 +13,13 @@ from openstamp.cli import app
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents
 from openstamp.detect import Detector
-from openstamp.generate import sample_completions
-from openstamp.hidden import HiddenCache, reusing
+from openstamp.embed.build import build_key
 from openstamp.key import WatermarkKey
+from openstamp.lab.hidden import HiddenCache, reusing
 from openstamp.lab.methods import create
-from openstamp.models import load_model
-from openstamp.patch import TIED_WARNING, apply_watermark, head, is_tied, revert_watermark, tied_head_mode
-from openstamp.watermark import build_key
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import load_model
+from openstamp.model.patch import TIED_WARNING, apply_watermark, head, is_tied, revert_watermark, tied_head_mode
 
 runner = CliRunner()
 
@@ -64,7 +64,7 @@ def test_the_eval_scores_cut_texts_of_a_re_tied_key_from_the_release_states_it_c
     cuts = [next(i for i in range(24, len(x)) if tok.convert_ids_to_tokens(x[i]).startswith("Ġ")) for x in ids]
     full = tok.batch_decode([x[:64] for x in ids])
     cut = tok.batch_decode([x[:c] for x, c in zip(ids, cuts, strict=True)])
-    method = create("openstamp", min_tokens=8)
+    method = create("openstamp-projected", min_tokens=8)
     method.key = key
     cache = HiddenCache()
     with reusing(cache):
@@ -72,7 +72,7 @@ def test_the_eval_scores_cut_texts_of_a_re_tied_key_from_the_release_states_it_c
         misses = cache.misses
         reused = method.score(base, tok, cut, batch_size=4)
     assert cache.misses == misses and cache.prefix_hits == 2  # two batches of cut texts, no decoder run
-    fresh = create("openstamp", min_tokens=8)
+    fresh = create("openstamp-projected", min_tokens=8)
     fresh.key = key
     for a, b in zip(reused, fresh.score(base, tok, cut, batch_size=4), strict=True):
         assert a.score == pytest.approx(b.score, rel=1e-4, abs=1e-5) and a.p_value == b.p_value

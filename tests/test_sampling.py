@@ -2,8 +2,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from openstamp.generate import InverseCDFSampler, sample_completions
-from openstamp.models import load_model, sampling_copy
+from openstamp.model.generate import InverseCDFSampler, sample_completions
+from openstamp.model.load import load_model, sampling_copy
 
 INF = float("inf")
 

@@ -321,10 +321,10 @@ def test_a_service_with_several_keys_lists_them_and_names_the_best(
 ):
     from openstamp.corpus import load_documents
     from openstamp.detect import MultiKeyDetector
+    from openstamp.embed.build import build_key
     from openstamp.key.key import WatermarkKey
-    from openstamp.models import load_model
-    from openstamp.patch import apply_watermark
-    from openstamp.watermark import build_key
+    from openstamp.model.load import load_model
+    from openstamp.model.patch import apply_watermark
 
     original = WatermarkKey.load(release / "key")
     base, tok = load_model(str(tiny_model_dir))  # the original model both keys were built on

@@ -21,7 +21,7 @@ def runs(tmp_path_factory, tokenizer, corpus_file):
     model_dir = root / "model"
     make_model(tied=False, vocab_size=len(tokenizer) + 12).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    config = lambda seeds: tiny_eval(model_dir, corpus_file, ("openstamp-nosem",), oracle="none", seeds=seeds)  # noqa: E731
+    config = lambda seeds: tiny_eval(model_dir, corpus_file, ("openstamp",), oracle="none", seeds=seeds)  # noqa: E731
     pipeline.run_eval(config((0,)), root / "s0", progress=False)
     pipeline.run_eval(config((1,)), root / "s1", progress=False)
     shutil.copytree(root / "s0", root / "both")

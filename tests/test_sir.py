@@ -12,7 +12,6 @@ from test_methods_baselines import WordsOnly
 from transformers import LogitsProcessorList
 
 from openstamp.corpus import Document
-from openstamp.generate import sample_completions
 from openstamp.lab.methods import REGISTRY, create
 from openstamp.lab.methods.sir import SIRProcessor, context_length
 from openstamp.lab.methods.sir_train import (
@@ -22,7 +21,8 @@ from openstamp.lab.methods.sir_train import (
     similarity_loss,
     train_transform,
 )
-from openstamp.text import encode
+from openstamp.model.generate import sample_completions
+from openstamp.model.text import encode
 
 LIGHT = {"embedder": "bow", "steps": 100}  # the light embedder, a short training
 N_TEXTS, N_NEW = 24, 80

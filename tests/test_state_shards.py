@@ -9,11 +9,12 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.corpus import load_documents
-from openstamp.hidden import SAMPLED_PROMPT, collect_states, sampled_windows
+from openstamp.embed.build import build_key, split_by_document
+from openstamp.embed.selector import fit_selector_streaming
+from openstamp.embed.shards import write_state_shards
+from openstamp.embed.states import SAMPLED_PROMPT, collect_states, sampled_windows
 from openstamp.key.selector import fit_selector
-from openstamp.state_shards import fit_selector_streaming, write_state_shards
-from openstamp.text import bos_prefix, encode
-from openstamp.watermark import build_key, split_by_document
+from openstamp.model.text import bos_prefix, encode
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_shards_hold_exactly_the_in_memory_states(tokenizer, docs, tiny_config, 
     assert torch.equal(shards.document, states.document)
     index = torch.randperm(len(states), generator=torch.Generator().manual_seed(0))[:100]
     assert torch.allclose(shards.load(index), states.hidden[index], atol=1e-6)
-    assert shards.texts(index) == [states.texts[i] for i in index.tolist()]
+    assert shards.texts_at(index) == [states.texts[i] for i in index.tolist()]
     seen = torch.cat([w for w, _ in shards.chunks(index, size=37)])  # chunks cover the index once
     assert sorted(seen.tolist()) == list(range(len(index)))
 

@@ -11,7 +11,7 @@ import openstamp.lab.evaluation.pipeline as pipeline
 from openstamp.cli import app
 from openstamp.lab.evaluation.store import EvalStore, open_store
 
-METHODS = ("openstamp-nosem", "kgw")  # a trained key and a secret-only one; a weight and a decode-time watermark
+METHODS = ("openstamp", "kgw")  # a trained key and a secret-only one; a weight and a decode-time watermark
 
 
 def _counting(monkeypatch) -> dict:
@@ -40,7 +40,7 @@ def test_a_second_eval_takes_keys_and_generations_from_the_store(model_dir, corp
     calls = _counting(monkeypatch)
     store = EvalStore(tmp_path / "store")
     first = pipeline.run_eval(cfg, tmp_path / "a", progress=False, store=store)
-    assert calls == {"sample": 6, "build": 2}  # 3 sets (unwatermarked, openstamp-nosem, kgw) x 2 batches
+    assert calls == {"sample": 6, "build": 2}  # 3 sets (unwatermarked, openstamp, kgw) x 2 batches
     assert len(list((tmp_path / "store" / "generations").glob("*.json"))) == 6
     second = pipeline.run_eval(cfg, tmp_path / "b", progress=False, store=store)
     assert calls == {"sample": 6, "build": 2} and store.hits == 2 + 6  # nothing sampled or built again
@@ -88,9 +88,9 @@ def test_open_store_reads_the_flag_and_the_environment(tmp_path, monkeypatch):
 def test_eval_command_shares_through_its_store_flag(model_dir, corpus_file, tmp_path):  # noqa: F811
     path = tmp_path / "eval.yaml"
     path.write_text(
-        f"model: {model_dir}\nmethods: [openstamp-nosem]\ncorpus: {corpus_file}\n"
+        f"model: {model_dir}\nmethods: [openstamp]\ncorpus: {corpus_file}\n"
         f"key_corpus: {corpus_file}\nn: 3\nprompt_tokens: 8\nnew_tokens: 20\noracle: none\n"
-        "batch_size: 4\nmethod_settings: {openstamp-nosem: {profile: small, n_lists: 8}}\n"
+        "batch_size: 4\nmethod_settings: {openstamp: {profile: small, n_lists: 8, shrinkage: 0.0, centre: false}}\n"
     )
     for out in ("a", "b"):
         command = ["eval", "--config", str(path), "--store", str(tmp_path / "store"), "--out", str(tmp_path / out)]

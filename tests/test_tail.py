@@ -9,9 +9,9 @@ import torch
 from openstamp.corpus import load_documents
 from openstamp.detect.llr import token_stats
 from openstamp.detect.tail import TailTerms, chernoff_pvalue, combined_pvalue, tail_terms
-from openstamp.models import load_model
-from openstamp.patch import apply_watermark, head
-from openstamp.watermark import build_key
+from openstamp.embed.build import build_key
+from openstamp.model.load import load_model
+from openstamp.model.patch import apply_watermark, head
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ from typer.testing import CliRunner
 
 from openstamp.cli import app
 from openstamp.corpus import load_documents, split_documents
+from openstamp.embed.build import build_key
+from openstamp.embed.tune import TuneConfig, tune_delta
 from openstamp.key import WatermarkKey
-from openstamp.models import load_model
-from openstamp.patch import head
-from openstamp.tune import TuneConfig, tune_delta
-from openstamp.watermark import build_key
+from openstamp.model.load import load_model
+from openstamp.model.patch import head
 
 runner = CliRunner()
 SEARCH = {"tokens": 48, "n": 16, "prompt_tokens": 8, "low": 1.0, "high": 16.0, "steps": 3, "batch_size": 8}

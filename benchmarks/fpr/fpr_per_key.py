@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 
 from common import heldout_windows  # noqa: E402
 
-from openstamp.models import load_model  # noqa: E402
+from openstamp.model.load import load_model  # noqa: E402
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
 SOURCES = {  # name -> (model, temperature, top_p); None: the model under test (--model); "human" is the real text
@@ -46,7 +46,7 @@ SOURCES = {  # name -> (model, temperature, top_p); None: the model under test (
 
 def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None:
     """Completions of every prompt from one source, batch files under out/texts/<name>/ (resumable)."""
-    from openstamp.generate import sample_completions
+    from openstamp.model.generate import sample_completions
 
     spec, temperature, top_p = SOURCES[name]
     directory = out / "texts" / name
@@ -103,7 +103,7 @@ def stage_texts(out: Path, args) -> None:
 def stage_key(out: Path, args) -> None:
     """One key on the model under test with the profile (the default: the demo's settings)."""
     from openstamp.config import load_profile
-    from openstamp.watermark import embed
+    from openstamp.embed.pipeline import embed
 
     if (out / "key" / "key.json").exists():
         return

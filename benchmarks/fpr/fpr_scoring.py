@@ -23,15 +23,15 @@ import numpy as np
 import torch
 from scipy.stats import chi2
 
+from openstamp.detect.rates import clopper_pearson
 from openstamp.detect.tail import chernoff_pvalue, combined_pvalue, tail_terms
-from openstamp.hidden import final_hidden
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
-from openstamp.models import load_model
-from openstamp.patch import head
-from openstamp.stats import clopper_pearson
+from openstamp.model.hidden import final_hidden
+from openstamp.model.load import load_model
+from openstamp.model.patch import head
+from openstamp.model.text import bos_prefix
 from openstamp.storage import atomic_write_json, read_json
-from openstamp.text import bos_prefix
 
 ALPHAS = (0.01, 0.001)
 N_PERMUTATIONS = 999

@@ -30,8 +30,8 @@ from common import write_result  # noqa: E402
 from openstamp import DetectConfig, Detector  # noqa: E402
 from openstamp.detect.llr import permutation_pvalue  # noqa: E402
 from openstamp.detect.tail import TailTerms, chernoff_pvalue, tail_terms  # noqa: E402
-from openstamp.generate import sample_completions  # noqa: E402
 from openstamp.key.prf import permutations  # noqa: E402
+from openstamp.model.generate import sample_completions  # noqa: E402
 from openstamp.storage import read_json  # noqa: E402
 
 LENGTHS = (16, 32, 64, 100)
@@ -71,8 +71,9 @@ def main() -> None:
     for length in LENGTHS:
         texts = tok.batch_decode([x[:length] for x in ids], skip_special_tokens=True)
         results = detector.detect(texts)
-        items = detector._prepare(texts, None, False)
-        stats, spans, hidden, targets = detector._score_batch(items)
+        items = detector.prepare(texts)
+        fwd = detector.forward(items)
+        stats, spans, hidden, targets = detector.statistics(items, fwd), fwd.spans, fwd.hidden, fwd.targets
         for r, span in zip(results, spans, strict=True):
             _, p_mc, _ = permutation_pvalue(stats.selector[span], stats.residual[span], perms, key.delta)
             statistic = float(stats.centred[span].double().sum())

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 
 from common import write_result  # noqa: E402
 
+from openstamp.detect.rates import clopper_pearson, threshold_at_fpr  # noqa: E402
 from openstamp.lab.evaluation.lengths import lengths_path, run_curve  # noqa: E402
-from openstamp.stats import clopper_pearson, threshold_at_fpr  # noqa: E402
 from openstamp.storage import read_json  # noqa: E402
 
 

@@ -128,7 +128,7 @@ def method_efficiency(pts: list[dict]) -> dict[str, dict]:
 def plot(pts: list[dict], path: Path) -> None:
     import numpy as np
 
-    from openstamp.plots import new_figure, save_figure
+    from openstamp.detect.plots import new_figure, save_figure
 
     fig, (left, right) = new_figure(11, 4.2, ncols=2)
     tokens = pts[0]["lengths"][-1]["tokens"]

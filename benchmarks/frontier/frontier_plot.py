@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import COST, RESULTS, TPR, default_method, sweep  # noqa: E402
 
 from openstamp.config import load_profile  # noqa: E402
+from openstamp.detect.plots import new_figure, save_figure  # noqa: E402
 from openstamp.lab.evaluation.metrics import interval  # noqa: E402
 from openstamp.lab.evaluation.pareto import points  # noqa: E402
-from openstamp.plots import new_figure, save_figure  # noqa: E402
 
 COSTS = (0.05, 0.10, 0.20)
 

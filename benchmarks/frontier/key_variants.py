@@ -17,10 +17,10 @@ A variant is named by dash-joined parts, each changing one setting of the profil
 * ``F<x>``: the input-side Fisher penalty's weight ``selector.fisher`` x;
 * ``N<n>``: ``states.n_states`` n, and ``P<n>``: ``states.positions_per_window`` n (P240 with 256-token windows
   takes every position after the first 16); ``G<n>``: ``states.generated_windows`` n, windows of the model's own
-  samples added to the corpus's (``openstamp.hidden.sampled_windows``). A variant with its own states writes them
-  in shards under ``--states-dir`` and fits S by streaming over them (``openstamp.state_shards``), as ``embed
+  samples added to the corpus's (``openstamp.embed.states.sampled_windows``). A variant with its own states writes them
+  in shards under ``--states-dir`` and fits S by streaming over them (``openstamp.embed.shards``), as ``embed
   --states-dir`` does;
-* ``R<x>``: the re-tied release's backbone repaired for x minutes (``openstamp.repair``, as ``embed
+* ``R<x>``: the re-tied release's backbone repaired for x minutes (``openstamp.embed.repair``, as ``embed
   --repair-minutes`` does) at each delta, before its completions are sampled; the point keeps the repair's report.
 
 For example ``raw-centred-f8-g0.1``. ``--keys K`` measures K keys, each with its own secret (S and P do not depend
@@ -54,18 +54,19 @@ from common import RESULTS  # noqa: E402
 from openstamp.config import DetectConfig, load_profile  # noqa: E402
 from openstamp.corpus import load_documents, split_documents  # noqa: E402
 from openstamp.detect import Detector  # noqa: E402
-from openstamp.generate import sample_completions  # noqa: E402
-from openstamp.hidden import collect_states  # noqa: E402
+from openstamp.detect.rates import clopper_pearson  # noqa: E402
+from openstamp.embed.build import build_key  # noqa: E402
+from openstamp.embed.repair import RepairConfig, repair_backbone  # noqa: E402
+from openstamp.embed.states import collect_states  # noqa: E402
+from openstamp.embed.tune import TuneConfig, heldout_pairs  # noqa: E402
 from openstamp.lab.evaluation.budget import cost_nats, llr_budget  # noqa: E402
-from openstamp.models import load_model  # noqa: E402
-from openstamp.patch import apply_watermark, revert_watermark  # noqa: E402
-from openstamp.quality import perplexity, window_nll  # noqa: E402
-from openstamp.repair import RepairConfig, repair_backbone  # noqa: E402
-from openstamp.stats import clopper_pearson  # noqa: E402
+from openstamp.model.generate import sample_completions  # noqa: E402
+from openstamp.model.load import load_model  # noqa: E402
+from openstamp.model.patch import apply_watermark, revert_watermark  # noqa: E402
+from openstamp.model.perplexity import perplexity, window_nll  # noqa: E402
+from openstamp.model.text import bos_prefix, token_frequencies  # noqa: E402
+from openstamp.runtime import versions  # noqa: E402
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
-from openstamp.text import bos_prefix, token_frequencies  # noqa: E402
-from openstamp.tune import TuneConfig, heldout_pairs  # noqa: E402
-from openstamp.watermark import build_key, versions  # noqa: E402
 
 SECRET = bytes(range(32))
 PARTS = {  # flag parts -> (profile overrides, centre)

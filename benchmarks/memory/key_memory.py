@@ -30,12 +30,15 @@ PAPER_STATES = 1_500_000
 def point(model_spec: str, mode: str, n: int, lists: int, chunk: int) -> dict:
     import torch
 
-    from openstamp import load_documents, load_model, load_profile, split_documents, state_shards
-    from openstamp.hidden import collect_states, final_hidden
+    from openstamp import load_documents, load_model, load_profile, split_documents
+    from openstamp.embed import shards as state_shards
+    from openstamp.embed.build import split_by_document
+    from openstamp.embed.selector import fit_selector_streaming
+    from openstamp.embed.shards import write_state_shards
+    from openstamp.embed.states import collect_states
     from openstamp.key.selector import fit_selector
-    from openstamp.monitor import StageMonitor, current_rss_mb
-    from openstamp.state_shards import fit_selector_streaming, write_state_shards
-    from openstamp.watermark import split_by_document
+    from openstamp.model.hidden import final_hidden
+    from openstamp.runtime import StageMonitor, current_rss_mb
 
     torch.set_num_threads(2)
     state_shards.CHUNK = chunk  # states per streamed chunk (and per mini-batch of k-means)

@@ -36,7 +36,7 @@ from openstamp.lab.evaluation.config import EvalConfig  # noqa: E402
 from openstamp.lab.evaluation.pipeline import key_directory, keyed_method  # noqa: E402
 from openstamp.lab.methods import create  # noqa: E402
 from openstamp.lab.methods.common import key_digest  # noqa: E402
-from openstamp.monitor import machine, thread_count  # noqa: E402
+from openstamp.runtime import machine, thread_count  # noqa: E402
 
 
 def main() -> None:

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import write_result  # noqa: E402
 
 from openstamp import load_documents, load_model, load_profile, split_documents  # noqa: E402
-from openstamp.hidden import collect_states  # noqa: E402
+from openstamp.embed.build import split_by_document  # noqa: E402
+from openstamp.embed.states import collect_states  # noqa: E402
 from openstamp.key.kmeans import assign, kmeans  # noqa: E402
 from openstamp.key.selector import fit_selector  # noqa: E402
-from openstamp.watermark import split_by_document  # noqa: E402
 
 
 def inertia(z: torch.Tensor, centroids: torch.Tensor) -> float:

@@ -23,9 +23,9 @@ from transformers import set_seed
 
 from openstamp.lab.attacks.instruct import build_offline_set, instruction_batches
 from openstamp.lab.training import TrainConfig, train
-from openstamp.models import load_model
+from openstamp.model.load import load_model
+from openstamp.runtime import versions
 from openstamp.storage import atomic_directory
-from openstamp.watermark import versions
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ SOURCES = ("watermarked", "base", "human")
 def release(args) -> tuple[Path, Path]:
     """The watermarked release and its key under ``--out`` (built once from the news corpus)."""
     from openstamp.config import load_profile
-    from openstamp.watermark import embed
+    from openstamp.embed.pipeline import embed
 
     model_dir, key_dir = args.out / "model", args.out / "key"
     if not (key_dir / "key.json").exists():
@@ -64,8 +64,8 @@ def questions(n: int, exclude: set[str]) -> list[tuple[str, str]]:
 
 def turns(args, model_spec: str, tokenizer, asked: list[str]) -> list[str]:
     """One sampled assistant turn per question from ``model_spec`` (cached under ``--out``)."""
-    from openstamp.generate import sample_completions
-    from openstamp.models import load_model
+    from openstamp.model.generate import sample_completions
+    from openstamp.model.load import load_model
 
     path = args.out / f"turns_{Path(model_spec).name}_n{len(asked)}.json"
     if path.exists():
@@ -93,7 +93,7 @@ def human_answers(tokenizer, articles: list[str], n_tokens: int) -> list[str]:
 
 
 def flagged_rate(results, alpha: float) -> dict:
-    from openstamp.stats import clopper_pearson
+    from openstamp.detect.rates import clopper_pearson
 
     hits = sum(r.status == "ok" and r.p_value is not None and r.p_value <= alpha for r in results)
     low, high = clopper_pearson(hits, len(results))
@@ -138,8 +138,8 @@ def run(args, result_path: Path) -> None:
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
     from openstamp.key.key import WatermarkKey
-    from openstamp.models import load_tokenizer
-    from openstamp.watermark import versions
+    from openstamp.model.load import load_tokenizer
+    from openstamp.runtime import versions
 
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir, key_dir = release(args)

@@ -25,9 +25,9 @@ from common import DEMO, ensure_key, heldout_windows, write_result  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from openstamp import DetectConfig, Detector, WatermarkKey  # noqa: E402
-from openstamp.generate import sample_completions  # noqa: E402
 from openstamp.lab.evaluation.metrics import auroc, tpr_at_fpr  # noqa: E402
-from openstamp.models import load_tokenizer  # noqa: E402
+from openstamp.model.generate import sample_completions  # noqa: E402
+from openstamp.model.load import load_tokenizer  # noqa: E402
 
 DETECTORS = {  # name -> how to read a score from a result (higher = more watermarked)
     "llr": lambda r: r.detectors["llr"],

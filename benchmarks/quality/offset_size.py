@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import write_result  # noqa: E402
 
 from openstamp.key import WatermarkKey  # noqa: E402
-from openstamp.models import load_model  # noqa: E402
-from openstamp.patch import head  # noqa: E402
+from openstamp.model.load import load_model  # noqa: E402
+from openstamp.model.patch import head  # noqa: E402
 
 
 def offset_size(key: WatermarkKey, base_head: torch.Tensor) -> dict:

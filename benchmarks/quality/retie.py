@@ -43,12 +43,12 @@ from openstamp import (  # noqa: E402
     split_documents,
 )
 from openstamp.corpus import fingerprint  # noqa: E402
-from openstamp.generate import sample_completions  # noqa: E402
-from openstamp.models import resolve_model_path  # noqa: E402
-from openstamp.patch import apply_watermark, tied_head_mode  # noqa: E402
+from openstamp.detect.rates import clopper_pearson  # noqa: E402
+from openstamp.model.generate import sample_completions  # noqa: E402
+from openstamp.model.load import resolve_model_path  # noqa: E402
+from openstamp.model.patch import apply_watermark, tied_head_mode  # noqa: E402
+from openstamp.model.text import bos_prefix, encode, prompt_windows  # noqa: E402
 from openstamp.release.audit import audit  # noqa: E402
-from openstamp.stats import clopper_pearson  # noqa: E402
-from openstamp.text import bos_prefix, encode, prompt_windows  # noqa: E402
 
 RUNS = Path("runs/retie")
 HELDOUT = ("news", "wikipedia")

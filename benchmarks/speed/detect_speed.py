@@ -23,9 +23,9 @@ from common import add_release_arguments, interleaved, load_release, write_resul
 
 from openstamp import DetectConfig, Detector, load_documents, split_documents  # noqa: E402
 from openstamp.detect.llr import token_stats  # noqa: E402
-from openstamp.hidden import final_hidden  # noqa: E402
-from openstamp.monitor import StageMonitor, current_rss_mb  # noqa: E402
-from openstamp.text import encode  # noqa: E402
+from openstamp.model.hidden import final_hidden  # noqa: E402
+from openstamp.model.text import encode  # noqa: E402
+from openstamp.runtime import StageMonitor, current_rss_mb  # noqa: E402
 
 
 def windows(tokenizer, n: int, length: int) -> list[list[int]]:

@@ -25,9 +25,9 @@ from common import interleaved, write_result  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from openstamp import WatermarkKey, embed, load_documents, load_profile, split_documents  # noqa: E402
-from openstamp.generate import sample_completions  # noqa: E402
-from openstamp.models import load_model  # noqa: E402
-from openstamp.text import prompt_windows  # noqa: E402
+from openstamp.model.generate import sample_completions  # noqa: E402
+from openstamp.model.load import load_model  # noqa: E402
+from openstamp.model.text import prompt_windows  # noqa: E402
 
 STAGES = ("hidden_states", "sentence_embeddings", "projection", "selector", "green_lists")  # pipeline order
 

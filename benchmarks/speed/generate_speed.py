@@ -2,7 +2,7 @@
 
     python benchmarks/speed/generate_speed.py [--model smollm2-135m] [--n 200] [--new-tokens 64]
 
-Samples ``new_tokens`` after ``n`` held-out prompts of 50 tokens with ``openstamp.generate.sample_completions``
+Samples ``new_tokens`` after ``n`` held-out prompts of 50 tokens with ``openstamp.model.generate.sample_completions``
 (what the eval calls) at the eval's batch (``EvalConfig.batch_size``): with the float32 model, with the model
 loaded in bfloat16 (PyTorch's scaled-dot-product attention), and with what the eval samples from
 (``models.sampling_copy``: a copy cast to its ``sample_dtype``, 'fast' here, with eager attention), interleaved;
@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import heldout_windows, interleaved, write_result  # noqa: E402
 
 from openstamp import load_model  # noqa: E402
-from openstamp.generate import sample_completions  # noqa: E402
 from openstamp.lab.evaluation.config import EvalConfig  # noqa: E402
 from openstamp.lab.evaluation.metrics import bootstrap_ci  # noqa: E402
 from openstamp.lab.evaluation.pipeline import configured  # noqa: E402
 from openstamp.lab.methods import REGISTRY  # noqa: E402
-from openstamp.models import fast_dtype, sampling_copy  # noqa: E402
-from openstamp.quality import window_nll  # noqa: E402
+from openstamp.model.generate import sample_completions  # noqa: E402
+from openstamp.model.load import fast_dtype, sampling_copy  # noqa: E402
+from openstamp.model.perplexity import window_nll  # noqa: E402
 
 BATCH = EvalConfig().batch_size
 SAMPLE_DTYPE = fast_dtype("cpu") if EvalConfig().sample_dtype == "fast" else EvalConfig().sample_dtype

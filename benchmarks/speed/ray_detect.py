@@ -28,8 +28,8 @@ from common import DEMO, ensure_key, write_result  # noqa: E402
 
 from openstamp import DetectConfig, Detector, load_documents, split_documents  # noqa: E402
 from openstamp.detect.ray_engine import detect_shards, read_records  # noqa: E402
-from openstamp.hidden import final_hidden  # noqa: E402
-from openstamp.text import encode  # noqa: E402
+from openstamp.model.hidden import final_hidden  # noqa: E402
+from openstamp.model.text import encode  # noqa: E402
 
 
 def texts_for(tokenizer, n: int, length: int) -> list[str]:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import DEMO, ensure_key, write_result  # noqa: E402
 
 from openstamp.detect.calibrate import reference_texts  # noqa: E402
-from openstamp.models import load_tokenizer  # noqa: E402
+from openstamp.model.load import load_tokenizer  # noqa: E402
 
 
 def free_port() -> int:

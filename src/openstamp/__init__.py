@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS = {
     "DetectConfig": "openstamp.config",
@@ -34,23 +34,25 @@ _EXPORTS = {
     "WatermarkDetectorOutput": "openstamp.detect.hf",
     "Chat": "openstamp.detect.chat",
     "render_chat": "openstamp.detect.chat",
-    "build_key": "openstamp.watermark",
-    "embed": "openstamp.watermark",
+    "build_key": "openstamp.embed.build",
+    "embed": "openstamp.embed",
     "InvalidKeyError": "openstamp.errors",
     "KeyMismatchError": "openstamp.errors",
     "WatermarkKey": "openstamp.key.key",
-    "load_model": "openstamp.models",
-    "apply_watermark": "openstamp.patch",
-    "check_key": "openstamp.patch",
-    "revert_watermark": "openstamp.patch",
-    "RepairConfig": "openstamp.repair",
-    "repair_backbone": "openstamp.repair",
+    "load_model": "openstamp.model.load",
+    "apply_watermark": "openstamp.model.patch",
+    "check_key": "openstamp.model.patch",
+    "revert_watermark": "openstamp.model.patch",
+    "RepairConfig": "openstamp.embed.repair",
+    "repair_backbone": "openstamp.embed.repair",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "embed":  # the package, which can be called as the pipeline
+        return importlib.import_module("openstamp.embed")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'openstamp' has no attribute {name!r}")

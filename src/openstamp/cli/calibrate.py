@@ -48,9 +48,9 @@ def calibrate(
     from openstamp.config import DetectConfig
     from openstamp.detect import Detector
     from openstamp.detect.calibrate import calibration_record, length_record, reference_texts, store_calibration
-    from openstamp.plots import qq_plot
+    from openstamp.detect.plots import qq_plot
+    from openstamp.runtime import versions
     from openstamp.storage import atomic_write_json
-    from openstamp.watermark import versions
 
     setup_logging(quiet)
     alphas = [float(a) for a in fpr.split(",")]

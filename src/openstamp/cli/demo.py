@@ -45,11 +45,11 @@ def demo(
     from openstamp.config import DetectConfig, load_profile
     from openstamp.corpus import load_documents, split_documents
     from openstamp.detect import Detector
-    from openstamp.generate import sample_completions
-    from openstamp.models import load_model
+    from openstamp.embed.pipeline import embed as run_embed
+    from openstamp.model.generate import sample_completions
+    from openstamp.model.load import load_model
+    from openstamp.model.text import prompt_windows
     from openstamp.storage import atomic_write_json
-    from openstamp.text import prompt_windows
-    from openstamp.watermark import embed as run_embed
 
     setup_logging(quiet)
     secret = read_secret(secret_file) if secret_file else None  # before the run replaces a key it may come from

@@ -115,9 +115,9 @@ def embed(
     ),
 ) -> None:
     """Build a watermark key on a corpus and write it into a model's unembedding."""
-    from openstamp.repair import RepairConfig
-    from openstamp.tune import TuneConfig
-    from openstamp.watermark import embed as run_embed
+    from openstamp.embed.pipeline import embed as run_embed
+    from openstamp.embed.repair import RepairConfig
+    from openstamp.embed.tune import TuneConfig
 
     setup_logging(quiet)
     if repair_minutes < 0:

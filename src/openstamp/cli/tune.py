@@ -49,9 +49,9 @@ def tune(
     quiet: bool = typer.Option(False, help="no progress bars"),
 ) -> None:
     """Choose delta: the smallest whose watermark is flagged in --target-tpr of texts of --tokens tokens."""
+    from openstamp.embed.pipeline import Release, embed
+    from openstamp.embed.tune import TuneConfig
     from openstamp.release.card import check_verify_url
-    from openstamp.tune import TuneConfig
-    from openstamp.watermark import Release, embed
 
     setup_logging(quiet)
     release = Release(disclose=not no_disclose, verify_url=check_verify_url(verify_url))
@@ -82,11 +82,11 @@ def retune(source: Path, key_dir: Path, out: Path | None, model: str, corpus: st
            overwrite: bool, quiet: bool, release=None) -> None:  # fmt: skip
     """Load a key, choose its delta on the base model, and write the tuned key (and checkpoint)."""
     from openstamp.corpus import load_documents, split_documents
+    from openstamp.embed.pipeline import write_release
+    from openstamp.embed.tune import tune_delta
     from openstamp.key import WatermarkKey
-    from openstamp.models import load_model
+    from openstamp.model.load import load_model
     from openstamp.storage import check_can_write
-    from openstamp.tune import tune_delta
-    from openstamp.watermark import write_release
 
     check_can_write(key_dir, overwrite)
     if out is not None:

@@ -9,7 +9,7 @@ Two ways to turn a score into a decision, with different assumptions:
 
 ``openstamp calibrate`` scores held-out reference text, stores LLR thresholds for target
 false-positive rates in the key, and reports how the p-values behave on that text (its QQ
-plot is drawn by ``openstamp.plots.qq_plot``).
+plot is drawn by ``openstamp.detect.plots.qq_plot``).
 
 With ``--lengths`` it also stores, per text length, the thresholds and the measured
 false-positive rates with Clopper-Pearson intervals (``by_length``); a text of n scored tokens
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from openstamp.corpus import load_documents, split_documents
+from openstamp.detect.rates import clopper_pearson, threshold_at_fpr
 from openstamp.key.key import WatermarkKey
-from openstamp.stats import clopper_pearson, threshold_at_fpr
+from openstamp.model.text import encode
 from openstamp.storage import atomic_write_json, read_json
-from openstamp.text import encode
 
 DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
 

@@ -16,7 +16,7 @@ from openstamp.config import DetectConfig
 from openstamp.detect.detector import Detector
 from openstamp.detect.result import DetectionResult
 from openstamp.key.key import WatermarkKey
-from openstamp.models import load_model
+from openstamp.model.load import load_model
 
 
 def holm(p_values) -> np.ndarray:
@@ -109,8 +109,8 @@ class MultiKeyDetector:
     ) -> list[list[DetectionResult]]:
         """Each text's uncorrected results, one per key (in ``key_ids`` order); ``combine`` joins them."""
         lead = self.detectors[0]
-        items = lead._prepare(texts, prompts, token_scores)
-        each = lead._run(items, lambda batch: self._score(batch, token_scores), progress)
+        items = lead.prepare(texts, prompts, token_scores=token_scores)
+        each = lead.run(items, lambda batch: self._score(batch, token_scores), progress)
         return [r if isinstance(r, list) else [r] * len(self.detectors) for r in each]  # too short: one for all
 
     # the same rendering of conversations into Chat items, then this class's detect against every key
@@ -119,9 +119,9 @@ class MultiKeyDetector:
     def _score(self, items, token_scores: bool) -> list[list[DetectionResult]]:
         by_key: list[list[DetectionResult]] = [[] for _ in self.detectors]
         for group in _share_model(self.detectors):
-            forward = self.detectors[group[0]]._forward(items)  # one backbone pass for this model
+            fwd = self.detectors[group[0]].forward(items)  # one backbone pass for this model
             for k in group:
-                by_key[k] = self.detectors[k]._batch_results(items, forward, token_scores)
+                by_key[k] = self.detectors[k].results(items, fwd, token_scores)
         return [[r[i] for r in by_key] for i in range(len(items))]
 
     def combine(self, results: list[DetectionResult]) -> DetectionResult:

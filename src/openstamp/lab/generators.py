@@ -70,7 +70,7 @@ def vllm_completions(
 ) -> list[list[int]]:
     """Sample exactly ``max_new_tokens`` tokens after each prompt (token ids, BOS included) with vLLM.
 
-    EOS is ignored, as in :func:`openstamp.generate.sample_completions`; ``temperature=0`` is greedy.
+    EOS is ignored, as in :func:`openstamp.model.generate.sample_completions`; ``temperature=0`` is greedy.
     The engine is released afterwards, so a caller may build the next one.
     """
     from vllm import LLM, SamplingParams

@@ -19,9 +19,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from openstamp.config import check, option
-from openstamp.models import model_device
-from openstamp.patch import head, untie
-from openstamp.text import document_windows
+from openstamp.model.load import model_device
+from openstamp.model.patch import head, untie
+from openstamp.model.text import document_windows
 
 MODES = ("lora", "full", "head")
 

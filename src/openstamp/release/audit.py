@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 
 from openstamp.key.key import WatermarkKey
-from openstamp.matrices import similarity
-from openstamp.models import resolve_model_path
-from openstamp.monitor import thread_count
-from openstamp.patch import tensor_sha256, tied_head_mode
+from openstamp.model.load import resolve_model_path
+from openstamp.model.patch import tensor_sha256, tied_head_mode
+from openstamp.model.similarity import similarity
 from openstamp.release.card import CARD_FILE, DISCLOSURE_FILE, GGUF_PREFIX, Disclosure, read_disclosure
 from openstamp.release.checkpoint import SEVERITIES, Checkpoint, Finding, difference_blocks
 from openstamp.release.near import NEAR_COSINE, check_near_copies
+from openstamp.runtime import thread_count
 
 __all__ = ["NEAR_COSINE", "Checkpoint", "Finding", "audit", "check_near_copies", "similarity", "sketch_rank"]
 

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from openstamp import __version__
-from openstamp.patch import tied_head_mode
+from openstamp.model.patch import tied_head_mode
 from openstamp.storage import atomic_write_json, atomic_write_text, read_json
 
 PAPER = "OpenStamp: A Watermark for Open-Source Language Models"

@@ -38,7 +38,7 @@ from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType
 from gguf import GGMLQuantizationType as T
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT
 
-from openstamp.patch import is_tied
+from openstamp.model.patch import is_tied
 from openstamp.release.card import Disclosure, read_disclosure
 from openstamp.release.gguf_quants import encode
 from openstamp.storage import check_can_write

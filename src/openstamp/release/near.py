@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from openstamp.key.key import WatermarkKey
-from openstamp.matrices import similarity
+from openstamp.model.similarity import similarity
 from openstamp.release.checkpoint import Checkpoint, Finding
 
 # Two matrices whose mean-centred cosine is >= this are near copies. A watermark is not a small

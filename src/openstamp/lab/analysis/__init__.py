@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from openstamp.runtime import versions
 from openstamp.storage import atomic_write_json
-from openstamp.watermark import versions
 
 
 def write_results(out: str | Path, results: dict, figure: str, draw: Callable[[Path], None]) -> dict:

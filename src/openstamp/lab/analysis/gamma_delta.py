@@ -18,12 +18,12 @@ import logging
 from pathlib import Path
 
 from openstamp.corpus import load_documents, split_documents
+from openstamp.detect.plots import new_figure, save_figure
+from openstamp.embed.tune import TuneConfig, heldout_pairs, own_perplexity, probe
 from openstamp.key.key import WatermarkKey
 from openstamp.lab.analysis import write_results
-from openstamp.models import load_model
-from openstamp.patch import check_key, release_tied_head
-from openstamp.plots import new_figure, save_figure
-from openstamp.tune import TuneConfig, heldout_pairs, own_perplexity, probe
+from openstamp.model.load import load_model
+from openstamp.model.patch import check_key, release_tied_head
 
 log = logging.getLogger(__name__)
 

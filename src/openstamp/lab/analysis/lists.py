@@ -25,13 +25,13 @@ import torch
 
 from openstamp.config import SelectorConfig, StatesConfig
 from openstamp.corpus import load_documents, split_documents
-from openstamp.hidden import collect_states
+from openstamp.detect.plots import new_figure, save_figure
+from openstamp.embed.build import split_by_document
+from openstamp.embed.states import collect_states
 from openstamp.key.key import WatermarkKey
 from openstamp.key.selector import fit_selector
 from openstamp.lab.analysis import write_results
-from openstamp.models import load_model
-from openstamp.plots import new_figure, save_figure
-from openstamp.watermark import split_by_document
+from openstamp.model.load import load_model
 
 
 def green_size(key: WatermarkKey) -> int:

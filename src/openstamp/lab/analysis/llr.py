@@ -26,22 +26,22 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from openstamp.hidden import HiddenCache, reusing
+from openstamp.detect.plots import new_figure, save_figure
 from openstamp.lab.analysis import write_results
 from openstamp.lab.attacks.common import load_method, mean_sd, open_eval, watermarked_copy
 from openstamp.lab.evaluation.results import detection_metrics
+from openstamp.lab.hidden import HiddenCache, lab_hidden, reusing
 from openstamp.lab.methods import REGISTRY, Carrier
-from openstamp.models import load_model
-from openstamp.plots import new_figure, save_figure
-from openstamp.quality import window_nll
-from openstamp.text import bos_prefix
+from openstamp.model.load import load_model
+from openstamp.model.perplexity import window_nll
+from openstamp.model.text import bos_prefix
 
 SELF_LLR = ("openstamp", "openstamp-nosem")  # their native detector is the LLR already
 
 
 def text_nll(model, texts: list[list[int]], prefix: list[int], batch_size: int = 8) -> list[float]:
     """Mean NLL of each text after ``prefix`` (nan for a text with nothing to score)."""
-    return window_nll(model, [(prefix, ids) for ids in texts], batch_size=batch_size)
+    return window_nll(model, [(prefix, ids) for ids in texts], batch_size=batch_size, hidden=lab_hidden)
 
 
 def text_llr(watermarked, base, texts: list[list[int]], prefix: list[int], batch_size: int = 8) -> list[float]:

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from openstamp.detect.detector import DetectConfig, Detector
+from openstamp.detect.plots import new_figure, save_figure
 from openstamp.lab.analysis import write_results
 from openstamp.lab.attacks.common import load_method, open_eval
-from openstamp.models import load_model
-from openstamp.plots import new_figure, save_figure
+from openstamp.model.load import load_model
 
 KEYED = ("openstamp", "openstamp-nosem")  # the methods whose key is a WatermarkKey
 

@@ -26,11 +26,11 @@ import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import check
-from openstamp.hidden import autocast_decoder
 from openstamp.lab.evaluation.config import EvalConfig
 from openstamp.lab.evaluation.metrics import METRICS
 from openstamp.lab.evaluation.pipeline import configured, key_directory
 from openstamp.lab.evaluation.results import detection_metrics, load_generations
+from openstamp.lab.hidden import autocast_decoder
 from openstamp.lab.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.lab.methods.base import score_dicts
 from openstamp.storage import atomic_write_json, changed_settings, read_json

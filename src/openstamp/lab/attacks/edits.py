@@ -38,9 +38,9 @@ from openstamp.lab.attacks.report import (
     negatives_note,
     publish,
 )
-from openstamp.models import load_model
-from openstamp.patch import head
-from openstamp.text import never_green_ids
+from openstamp.model.load import load_model
+from openstamp.model.patch import head
+from openstamp.model.text import never_green_ids
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from openstamp.lab.attacks.report import AT_P_TITLE, fmt, md_table, negatives_no
 from openstamp.lab.attacks.weights import weight_runs
 from openstamp.lab.evaluation.pipeline import generate_set
 from openstamp.lab.training import TrainConfig, prepare, train, training_windows
-from openstamp.models import load_model
+from openstamp.model.load import load_model
 from openstamp.storage import read_json
 
 log = logging.getLogger(__name__)

@@ -42,9 +42,9 @@ from openstamp.lab.attacks.finetune import attack_run, checkpoint_rows, durabili
 from openstamp.lab.attacks.report import AT_P_TITLE, negatives_note, publish
 from openstamp.lab.attacks.weights import weight_runs
 from openstamp.lab.training import TrainConfig
-from openstamp.models import load_model
+from openstamp.model.load import load_model
+from openstamp.model.text import bos_prefix
 from openstamp.storage import read_json
-from openstamp.text import bos_prefix
 
 log = logging.getLogger(__name__)
 

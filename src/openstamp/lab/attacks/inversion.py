@@ -5,7 +5,7 @@ with the same L but a different dataset, a different seed, or both, and compares
 each assigns to the same held-out hidden states (ARI and NMI). Low agreement means that even an
 attacker who guesses L and the recipe does not recover the owner's hidden-state-to-list map.
 
-Here every selector is built exactly as a key is (``openstamp.watermark.build_key``: hidden states
+Here every selector is built exactly as a key is (``openstamp.embed.build.build_key``: hidden states
 from ``collect_states``, P if enabled, k-means via ``key.selector.cluster``, ridge); a state's
 assignment is ``argmax S P h``, the list the watermark boosts. "Seed" is the k-means (and P)
 seed; the states sampled from each corpus stay fixed. A rebuild with identical settings is the
@@ -25,11 +25,11 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from openstamp.config import EmbedConfig, check, load_profile, option
 from openstamp.corpus import Document, load_documents, split_documents
-from openstamp.hidden import States, collect_states
+from openstamp.embed.build import build_key
+from openstamp.embed.states import States, collect_states
 from openstamp.lab.attacks.common import config_dict, prepare_out
 from openstamp.lab.attacks.report import fmt, md_table, new_figure, publish, save_figure
-from openstamp.models import load_model
-from openstamp.watermark import build_key
+from openstamp.model.load import load_model
 
 log = logging.getLogger(__name__)
 SECRET = b"openstamp/attack/selector-inversion"

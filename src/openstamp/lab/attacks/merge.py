@@ -60,8 +60,8 @@ from openstamp.lab.attacks.weights import (
     tpr_and_ppl_plot,
     weight_runs,
 )
-from openstamp.models import load_model
-from openstamp.patch import head, is_tied, untie
+from openstamp.model.load import load_model
+from openstamp.model.patch import head, is_tied, untie
 
 log = logging.getLogger(__name__)
 MERGES = ("linear", "slerp", "ties", "dare_ties")

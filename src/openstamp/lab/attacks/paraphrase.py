@@ -25,6 +25,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import check, option
+from openstamp.detect.rates import clopper_pearson, threshold_at_fpr
 from openstamp.lab.attacks.common import (
     AT_COST_HELP,
     attacked_metrics,
@@ -51,10 +52,9 @@ from openstamp.lab.attacks.report import (
     publish,
 )
 from openstamp.lab.attacks.similarity import measure_quality, similarity_plot
-from openstamp.models import load_model, load_tokenizer, model_device
-from openstamp.stats import clopper_pearson, threshold_at_fpr
+from openstamp.model.load import load_model, load_tokenizer, model_device
+from openstamp.model.text import bos_prefix, encode
 from openstamp.storage import atomic_write_json, atomic_write_text, read_json
-from openstamp.text import bos_prefix, encode
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from openstamp.lab.attacks.weights import (
     weight_runs,
 )
 from openstamp.lab.training import training_windows
-from openstamp.models import load_model, model_device
-from openstamp.patch import head, untie
+from openstamp.model.load import load_model, model_device
+from openstamp.model.patch import head, untie
 
 log = logging.getLogger(__name__)
 PRUNERS = ("magnitude", "wanda")

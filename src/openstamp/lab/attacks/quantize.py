@@ -52,7 +52,7 @@ from openstamp.lab.attacks.quantizers import (
 from openstamp.lab.attacks.report import COMPARED, fmt, md_table, negatives_note, new_figure, publish, save_figure
 from openstamp.lab.evaluation.pipeline import generate_set
 from openstamp.lab.methods import REGISTRY, Carrier
-from openstamp.models import load_model
+from openstamp.model.load import load_model
 from openstamp.storage import atomic_write_json, read_json
 
 __all__ = ["BITS", "SCHEMES", "QuantizeConfig", "quantize_int8", "quantize_model", "quantize_nf4", "run_quantize"]

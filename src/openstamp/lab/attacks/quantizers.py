@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from openstamp.errors import MissingExtraError
-from openstamp.patch import head, is_tied, untie
+from openstamp.model.patch import head, is_tied, untie
 from openstamp.release.gguf_export import tensor_type
 from openstamp.release.gguf_quants import roundtrip
 

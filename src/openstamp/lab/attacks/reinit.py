@@ -25,12 +25,12 @@ from transformers import PreTrainedModel
 
 from openstamp.config import check, option
 from openstamp.corpus import load_corpora, split_documents
-from openstamp.hidden import final_hidden
 from openstamp.lab.attacks.common import config_dict, prepare_out
 from openstamp.lab.attacks.report import fmt, md_table, new_figure, publish, save_figure
+from openstamp.lab.hidden import lab_hidden
 from openstamp.lab.training import training_windows
-from openstamp.models import load_model, model_device
-from openstamp.patch import head, untie
+from openstamp.model.load import load_model, model_device
+from openstamp.model.patch import head, untie
 from openstamp.storage import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def cached_hidden(model: PreTrainedModel, windows: torch.Tensor, batch: int, pro
     parts = []
     for start in tqdm(range(0, len(windows), batch), desc="hidden states", disable=not progress):
         ids = windows[start : start + batch].to(device)
-        parts.append(final_hidden(model, ids, torch.ones_like(ids)).float().cpu())
+        parts.append(lab_hidden(model, ids, torch.ones_like(ids)).float().cpu())
     return torch.cat(parts)
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.detect.plots import new_figure, save_figure  # noqa: F401  (the attacks import them from here)
 from openstamp.lab.attacks.common import EvalRun, by_method
 from openstamp.lab.evaluation.metrics import METRICS
 from openstamp.lab.evaluation.report import write_report
-from openstamp.plots import new_figure, save_figure  # noqa: F401  (the attacks import them from here)
+from openstamp.runtime import versions
 from openstamp.storage import atomic_write_json, atomic_write_text, read_json
-from openstamp.watermark import versions
 
 
 def fmt(stat: dict | float | None, digits: int = 3) -> str:

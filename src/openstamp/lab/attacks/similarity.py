@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from openstamp.embedder import encode_texts
+from openstamp.embed.sentences import encode_texts
 from openstamp.lab.attacks.report import new_figure, save_figure
-from openstamp.text import encode
+from openstamp.model.text import encode
 
 
 def ngram_survival(original: Sequence, paraphrase: Sequence, n: int = 3) -> float:

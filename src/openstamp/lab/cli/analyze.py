@@ -112,8 +112,8 @@ def gamma_delta(
     quiet: bool = typer.Option(False, help="less output"),
 ) -> None:
     """Detection (TPR at p <= --fpr) and cost (own perplexity) over a grid of gamma and delta, one key."""
+    from openstamp.embed.tune import TuneConfig
     from openstamp.lab.analysis.gamma_delta import run_gamma_delta
-    from openstamp.tune import TuneConfig
 
     setup_logging(quiet)
     fractions, strengths = numbers(gammas, "gammas"), numbers(deltas, "deltas")

@@ -39,18 +39,18 @@ TrainOptimizerOption = typer.Option("adafactor", help="adafactor or adamw")
 TrainPromptsOption = typer.Option(64, help="eval prompts completed at each checkpoint")
 
 
-def _methods(text: str | None) -> tuple[str, ...] | None:
+def method_names(text: str | None) -> tuple[str, ...] | None:
     return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
 
 
-def _settings(cls: type, params: dict[str, Any], **converted: Any) -> Any:
+def attack_settings(cls: type, params: dict[str, Any], **converted: Any) -> Any:
     """The attack's settings dataclass from the command's parameters of the same names (its ``locals()``);
     ``converted`` gives the fields whose option is spelled otherwise (a comma-separated list, a renamed flag)."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{name: value for name, value in params.items() if name in names} | converted)
 
 
-def _run(run: Callable[..., Any], eval_dir: Path, out_dir: Path, cfg: Any, quiet: bool) -> None:
+def run_attack(run: Callable[..., Any], eval_dir: Path, out_dir: Path, cfg: Any, quiet: bool) -> None:
     """An attack on an eval run (``run(eval_dir, out_dir, cfg, progress=...)``), timed, its section printed."""
     start = time.perf_counter()
     run(eval_dir, out_dir, cfg, progress=not quiet)
@@ -89,8 +89,8 @@ def paraphrase(
     from openstamp.lab.attacks.paraphrase import ParaphraseConfig, run_paraphrase
 
     setup_logging(quiet)
-    cfg = _settings(ParaphraseConfig, locals(), methods=_methods(methods))
-    _run(run_paraphrase, eval_dir, out_dir, cfg, quiet)
+    cfg = attack_settings(ParaphraseConfig, locals(), methods=method_names(methods))
+    run_attack(run_paraphrase, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -117,8 +117,8 @@ def finetune(
     from openstamp.lab.attacks.finetune import FinetuneConfig, run_finetune
 
     setup_logging(quiet)
-    cfg = _settings(FinetuneConfig, locals(), methods=_methods(methods))
-    _run(run_finetune, eval_dir, out_dir, cfg, quiet)
+    cfg = attack_settings(FinetuneConfig, locals(), methods=method_names(methods))
+    run_attack(run_finetune, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -147,10 +147,14 @@ def quantize(
 
     setup_logging(quiet)
     schemes = tuple(s.strip().lower() for s in scheme.split(",") if s.strip())
-    cfg = _settings(
-        QuantizeConfig, locals(), schemes=schemes, head="quantized" if include_head else head, methods=_methods(methods)
+    cfg = attack_settings(
+        QuantizeConfig,
+        locals(),
+        schemes=schemes,
+        head="quantized" if include_head else head,
+        methods=method_names(methods),
     )
-    _run(run_quantize, eval_dir, out_dir, cfg, quiet)
+    run_attack(run_quantize, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command("reinit-head")
@@ -178,7 +182,7 @@ def reinit_head(
     from openstamp.lab.attacks.reinit import ReinitConfig, run_reinit
 
     setup_logging(quiet)
-    cfg = _settings(ReinitConfig, locals())
+    cfg = attack_settings(ReinitConfig, locals())
     eval_path = optional_eval(eval_dir)
     start = time.perf_counter()
     run_reinit(model, out_dir, cfg, eval_path, dtype=dtype, device=device, progress=not quiet)
@@ -202,8 +206,8 @@ def edit(
     from openstamp.lab.attacks.edits import EditConfig, run_edit
 
     setup_logging(quiet)
-    cfg = _settings(EditConfig, locals(), methods=_methods(methods))
-    _run(run_edit, eval_dir, out_dir, cfg, quiet)
+    cfg = attack_settings(EditConfig, locals(), methods=method_names(methods))
+    run_attack(run_edit, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command("selector-inversion")
@@ -229,7 +233,7 @@ def selector_inversion(
 
     setup_logging(quiet)
     split = lambda text: tuple(v.strip() for v in text.split(",") if v.strip())  # noqa: E731
-    cfg = _settings(
+    cfg = attack_settings(
         InversionConfig,
         locals(),
         corpora=split(corpora),

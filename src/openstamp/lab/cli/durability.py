@@ -22,10 +22,10 @@ from openstamp.lab.cli.attack import (
     TrainOptimizerOption,
     TrainPromptsOption,
     TrainStepsOption,
-    _methods,
-    _run,
-    _settings,
     attack_app,
+    attack_settings,
+    method_names,
+    run_attack,
 )
 
 
@@ -57,8 +57,9 @@ def merge(
     from openstamp.lab.attacks.merge import MergeConfig, run_merge
 
     setup_logging(quiet)
-    cfg = _settings(MergeConfig, locals(), merges=_names(method), t=numbers(t, "t"), methods=_methods(methods))
-    _run(run_merge, eval_dir, out_dir, cfg, quiet)
+    merges, names = _names(method), method_names(methods)
+    cfg = attack_settings(MergeConfig, locals(), merges=merges, t=numbers(t, "t"), methods=names)
+    run_attack(run_merge, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -82,14 +83,14 @@ def prune(
     from openstamp.lab.attacks.prune import PruneConfig, run_prune
 
     setup_logging(quiet)
-    cfg = _settings(
+    cfg = attack_settings(
         PruneConfig,
         locals(),
         pruner=method.strip().lower(),
         sparsities=numbers(sparsity, "sparsity"),
-        methods=_methods(methods),
+        methods=method_names(methods),
     )
-    _run(run_prune, eval_dir, out_dir, cfg, quiet)
+    run_attack(run_prune, eval_dir, out_dir, cfg, quiet)
 
 
 @attack_app.command()
@@ -119,5 +120,5 @@ def instruct(
     from openstamp.lab.attacks.instruct import InstructConfig, run_instruct
 
     setup_logging(quiet)
-    cfg = _settings(InstructConfig, locals(), methods=_methods(methods))
-    _run(run_instruct, eval_dir, out_dir, cfg, quiet)
+    cfg = attack_settings(InstructConfig, locals(), methods=method_names(methods))
+    run_attack(run_instruct, eval_dir, out_dir, cfg, quiet)

@@ -12,9 +12,23 @@ from openstamp.config import check, option, reject_unknown
 
 ORACLE_DTYPES = ("fast", "float32", "bfloat16", "float16")  # fast: models.fast_dtype(device)
 # EvalConfig fields added since, at the value earlier runs had
-RECORDED_BEFORE = {"score_dtype": "float32", "sample_dtype": "float32", "own_ppl_dtype": "float32"}
+RECORDED_BEFORE = {"score_dtype": "float32", "sample_dtype": "float32", "own_ppl_dtype": "float32", "method_names": 2}
 # EvalConfig dtype fields that an eval records as resolved ('fast' -> the dtype this device computes natively)
 RESOLVED_DTYPES = ("score_dtype", "sample_dtype", "own_ppl_dtype")
+
+
+def renamed(data: dict[str, Any]) -> dict[str, Any]:
+    """Settings with a method's old name (``ALIASES``: ``openstamp-nosem``) given as its name now."""
+    from openstamp.lab.methods.base import ALIASES
+
+    now = lambda name: ALIASES.get(name, name)  # noqa: E731
+    data = dict(data)
+    if "methods" in data:
+        data["methods"] = tuple(now(m) for m in data["methods"])
+    for field_name in ("grids", "strengths", "method_settings"):
+        if isinstance(data.get(field_name), dict):
+            data[field_name] = {now(k): v for k, v in data[field_name].items()}
+    return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +37,7 @@ class EvalConfig:
 
     model: str = option("smollm2-135m", "model to watermark (hub id, local directory or packaged alias)")
     methods: tuple[str, ...] = option((), "methods to compare (empty: every method in openstamp.lab.methods.REGISTRY)")
+    method_names: int = option(3, "the names a run's methods have: 3 since 0.3.0 (openstamp is P = I; 2: before)")
     corpus: str = option("news,wikipedia", "prompt corpora, comma-separated; windows are interleaved")
     key_corpus: str = option("wikipedia", "corpus whose 'key' half builds the keys; prompts never come from it")
     n: int = option(200, "prompts (and watermarked samples) per method and seed")
@@ -90,7 +105,7 @@ class EvalConfig:
                 data[name] = [data[name]]
             if name in data:
                 data[name] = tuple(int(v) if name in ("seeds", "lengths") else v for v in data[name])
-        return cls(**data)
+        return cls(**renamed(data))
 
     @classmethod
     def recorded(cls, data: dict[str, Any]) -> dict[str, Any]:

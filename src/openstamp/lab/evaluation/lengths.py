@@ -18,11 +18,11 @@ scores ``new_tokens`` - 1). Per run and length:
   shorter text (1% if length did not matter; a text that is attacked shorter, a paraphrase, meets it).
 
 Scored inside the eval's hidden-state cache, right after the full texts, a cut text takes the
-decoder states of the full text it was cut from (``openstamp.hidden.HiddenCache``): detectors that
+decoder states of the full text it was cut from (``openstamp.lab.hidden.HiddenCache``): detectors that
 run the decoder run it once per text, whatever the number of lengths.
 
 The curve decides only p <= 0.01 (``LEVEL``), so OpenStamp's detector scores the cut texts without its tail
-bound (``openstamp.detect.detector.p_values_down_to``: it refines only p-values below the permutation test's
+bound (``openstamp.lab.detector.p_values_down_to``: it refines only p-values below the permutation test's
 floor of 1/(K + 1) = 0.001, which decide p <= 0.01 alike), as the full texts are scored, and takes the
 per-token statistics of a cut text from the full text's (``openstamp.lab.evaluation.memo``): its length curve runs
 neither the decoder nor the vocabulary pass again.
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from openstamp.detect.detector import p_values_down_to
+from openstamp.lab.detector import p_values_down_to
 from openstamp.lab.evaluation.metrics import auroc, threshold_at_fpr, tpr_at_fpr
 from openstamp.lab.methods.base import score_dicts
 from openstamp.storage import atomic_write_json, read_json

@@ -2,7 +2,7 @@
 
 A causal model's statistics of a token depend on the tokens before it alone, so a text whose token sequence
 starts a scored one (same context, the length curve's cut texts) has the first rows of that text's statistics.
-The detector keeps them only while a hidden-state cache is active (``openstamp.hidden.reusing``), under the same
+The detector keeps them only while a hidden-state cache is active (``openstamp.lab.hidden.reusing``), under the same
 contract: the model is left as it is while the cache lives. A new active cache starts an empty memo.
 """
 
@@ -31,7 +31,7 @@ class StatsMemo:
 
     def bind(self, cache, precision: str | None = None) -> bool:
         """Use the memo under ``cache`` (None: no cache is active, keep nothing) with the decoder in ``precision``
-        (``openstamp.hidden.decoder_dtype``); a new cache or another precision empties it."""
+        (``openstamp.lab.hidden.decoder_dtype``); a new cache or another precision empties it."""
         if cache is None:
             return False
         if self.owner is None or self.owner[0]() is not cache or self.owner[1] != precision:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm, rankdata
 
-from openstamp.stats import threshold_at_fpr  # also re-exported: TPR@FPR's threshold
+from openstamp.detect.rates import threshold_at_fpr  # also re-exported: TPR@FPR's threshold
 
 
 @dataclass(frozen=True)

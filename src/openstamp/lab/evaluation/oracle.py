@@ -16,11 +16,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.detect.llr import target_logprobs
-from openstamp.hidden import final_hidden
-from openstamp.models import model_device
-from openstamp.patch import head
+from openstamp.lab.hidden import lab_hidden
+from openstamp.model.load import model_device
+from openstamp.model.patch import head
+from openstamp.model.text import bos_prefix
 from openstamp.storage import atomic_write_json, read_json
-from openstamp.text import bos_prefix
 
 
 def save_perplexities(path: Path, values: list[float], oracle: str, dtype: str) -> None:
@@ -69,7 +69,7 @@ def perplexities(
         mask = torch.zeros_like(ids)
         for j, s in enumerate(seqs):
             ids[j, : len(s)], mask[j, : len(s)] = torch.tensor(s), 1
-        hidden = final_hidden(model, ids.to(device), mask.to(device))
+        hidden = lab_hidden(model, ids.to(device), mask.to(device))
         rows, cols, targets, spans = [], [], [], []
         for j, i in enumerate(batch):
             start = max(len(pairs[i][0]), 1)

@@ -33,8 +33,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from openstamp.corpus import load_documents, split_documents
-from openstamp.generate import sample_completions
-from openstamp.hidden import HiddenCache, autocast_decoder, reusing
 from openstamp.lab.evaluation.config import RECORDED_BEFORE, RESOLVED_DTYPES, EvalConfig
 from openstamp.lab.evaluation.lengths import run_lengths, score_lengths
 from openstamp.lab.evaluation.report import write_report
@@ -43,12 +41,14 @@ from openstamp.lab.evaluation.scoring import score_downstream, score_own_ppl, sc
 from openstamp.lab.evaluation.store import EvalStore, digest, folder_digest
 from openstamp.lab.evaluation.timings import StageClock
 from openstamp.lab.generators import export_for_vllm, select_generator, vllm_completions
+from openstamp.lab.hidden import HiddenCache, autocast_decoder, reusing
 from openstamp.lab.methods import REGISTRY, Carrier, WatermarkMethod
 from openstamp.lab.methods.common import key_digest
-from openstamp.models import fast_dtype, load_model, sampling_copy
-from openstamp.patch import tensor_sha256
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import fast_dtype, load_model, sampling_copy
+from openstamp.model.patch import tensor_sha256
+from openstamp.model.text import bos_prefix, prompt_windows
 from openstamp.storage import atomic_write_json, changed_fields, changed_settings, differences, read_json
-from openstamp.text import bos_prefix, prompt_windows
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,14 @@ def _check_config(cfg: EvalConfig, out: Path) -> None:
     kept = lambda d: {k: v for k, v in d.items() if k not in RESCORED}  # noqa: E731
     raw = read_json(path, "run config") if path.exists() else wanted
     stored = kept(EvalConfig.recorded(raw))  # a field added since takes the value such runs had
+    if stored["method_names"] != cfg.method_names:
+        if not stored["methods"] or {"openstamp", "openstamp-nosem"} & set(stored["methods"]):
+            raise ValueError(
+                f"{out} was made before 0.3.0 renamed OpenStamp's methods (openstamp-nosem is openstamp now, and "
+                "openstamp is openstamp-projected); its keys and texts are kept under the old names: choose another "
+                "--out (its results.json still reads: old names are mapped where results are read)"
+            )
+        stored["method_names"] = cfg.method_names  # no renamed method in the run: its files hold as they are
     if changed := differences(stored, kept(wanted), GROWS):
         named = lambda k: k in raw or k in RECORDED_BEFORE  # noqa: E731
         again = [k for k in changed_fields(stored, kept(wanted), GROWS) if named(k) and k not in GROWS]
@@ -330,7 +338,7 @@ def generate_set(
     model as it is now is saved and the missing batches are sampled by vLLM in one call. With a ``store``,
     a batch is taken from it where kept, and kept there once sampled; ``made`` says what else makes the set
     (the method's settings and its key files' digest; [None] for the unwatermarked model). Transformers samples
-    from a copy of the model cast to ``cfg.sample_dtype`` (:func:`openstamp.models.sampling_copy`).
+    from a copy of the model cast to ``cfg.sample_dtype`` (:func:`openstamp.model.load.sampling_copy`).
     """
     directory = out / "generations" / name
     directory.mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from openstamp.detect.plots import save_figure
 from openstamp.lab.evaluation.config import EvalConfig
 from openstamp.lab.evaluation.metrics import METRICS, interval
 from openstamp.lab.evaluation.pareto import COST_AXES, at_equal_cost, compare, points
 from openstamp.lab.evaluation.results import score_values
 from openstamp.lab.evaluation.shards import oracle_dtypes
-from openstamp.plots import save_figure
 from openstamp.storage import atomic_write_text, read_json
 
 COLUMNS = [(m.label, m.name) for m in METRICS.values() if m.summary]

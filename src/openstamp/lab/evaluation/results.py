@@ -15,10 +15,10 @@ from openstamp.lab.evaluation.downstream import change as downstream_change
 from openstamp.lab.evaluation.lengths import LEVEL, mean_curve, run_curve
 from openstamp.lab.evaluation.metrics import METRICS, auroc, bootstrap_ci, seq_rep_n, tpr_at_fpr, tpr_at_fpr_ci
 from openstamp.lab.evaluation.oracle import load_perplexities
-from openstamp.models import resolve_model_path
-from openstamp.quality import change, perplexity
+from openstamp.model.load import resolve_model_path
+from openstamp.model.perplexity import change, perplexity
+from openstamp.runtime import versions
 from openstamp.storage import atomic_write_text, read_json
-from openstamp.watermark import versions
 
 FPRS = {"tpr_at_1pct_fpr": 0.01, "tpr_at_0.1pct_fpr": 0.001}
 SUMMARY_METRICS = tuple(m.name for m in METRICS.values() if m.summary)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import logging
 
-from openstamp.detect.detector import p_values_down_to
+from openstamp.lab.detector import p_values_down_to
 from openstamp.lab.evaluation.downstream import accuracy, build_local_tasks, processed_logits, task_names
 from openstamp.lab.evaluation.lengths import LEVEL
 from openstamp.lab.evaluation.oracle import load_perplexities, perplexities, save_perplexities
 from openstamp.lab.evaluation.results import load_generations
+from openstamp.lab.hidden import lab_hidden
 from openstamp.lab.methods.base import score_dicts
-from openstamp.models import fast_dtype, load_model
-from openstamp.quality import window_nll
+from openstamp.model.load import fast_dtype, load_model
+from openstamp.model.perplexity import window_nll
+from openstamp.model.text import bos_prefix
 from openstamp.storage import atomic_write_json
-from openstamp.text import bos_prefix
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def score_own_ppl(out, name, model, tokenizer, windows, processor, cfg, progress
         return
     bos = bos_prefix(tokenizer)
     pairs = [(bos + w["prompt"], w["human"]) for w in windows]
-    nll = window_nll(model, pairs, processor, cfg.score_batch_size, progress)
+    nll = window_nll(model, pairs, processor, cfg.score_batch_size, progress, hidden=lab_hidden)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, nll)
 
@@ -61,7 +62,7 @@ def score_run(out, run, gen_name, method, model, tokenizer, windows, seed, cfg, 
     ``openstamp.lab.methods.base.score_dicts``).
 
     The eval decides p <= ``LEVEL`` only, so OpenStamp's detector skips its tail bound here, as in the length
-    curve (``openstamp.detect.detector.p_values_down_to``): a watermarked text's p-value stops at the permutation
+    curve (``openstamp.lab.detector.p_values_down_to``): a watermarked text's p-value stops at the permutation
     test's floor 1/(K + 1) = 0.001, where `openstamp detect` goes on below it. Every decision is the same."""
     path = out / "scores" / f"{run.replace('/', '_')}.json"
     if path.exists():

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from openstamp.monitor import machine, sum_seconds
+from openstamp.runtime import machine, sum_seconds
 from openstamp.storage import atomic_write_json, read_json
 
 

@@ -27,7 +27,22 @@ from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBa
 
 from openstamp.corpus import Document
 
-REGISTRY: dict[str, type[WatermarkMethod]] = {}
+ALIASES = {"openstamp-nosem": "openstamp"}  # names that still resolve: the default method's name before 0.3.0
+
+
+class Registry(dict):
+    """Methods by name, in registration order (the order of every table); an alias resolves to its method."""
+
+    def __missing__(self, name: str) -> type[WatermarkMethod]:
+        if name in ALIASES:
+            return self[ALIASES[name]]
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(ALIASES.get(name, name) if isinstance(name, str) else name)
+
+
+REGISTRY: Registry = Registry()
 
 
 class Carrier(str, Enum):
@@ -77,6 +92,7 @@ class WatermarkMethod(ABC):
     key_per_strength: ClassVar[bool] = False
     head_only: ClassVar[bool] = False  # a weight-level watermark that patches lm_head alone, never the decoder
     added_settings: ClassVar[dict[str, Any]] = {}  # field -> its value in keys saved before the field existed
+    former_name: ClassVar[str | None] = None  # the method's name in results recorded before it was renamed
     scores_ignore_strength: ClassVar[bool] = False  # True: score() reads the key alone, never the strength
     score_is_llr: ClassVar[bool] = False  # True: score() is a mean per-token LLR, watermarked to original
 

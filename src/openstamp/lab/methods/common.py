@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
-from openstamp.text import bos_prefix, encode
+from openstamp.model.text import bos_prefix, encode
 
 
 def method_secret(name: str, seed: int) -> bytes:

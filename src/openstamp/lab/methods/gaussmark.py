@@ -37,7 +37,7 @@ import torch
 from scipy.stats import norm
 
 from openstamp.config import option
-from openstamp.hidden import decoder_dtype
+from openstamp.lab.hidden import decoder_dtype
 from openstamp.lab.methods.base import MethodScore, WatermarkMethod, register
 from openstamp.lab.methods.common import (
     keyed_normal,
@@ -48,7 +48,7 @@ from openstamp.lab.methods.common import (
     scored_mask,
     scored_sequences,
 )
-from openstamp.models import model_device
+from openstamp.model.load import model_device
 
 _DOMAIN = b"openstamp/eval/gaussmark/up-proj/v1"
 DEPTH_FRACTION = 0.85  # default block: int(0.85 * depth), 25 of 30 (SmolLM2), 27 of 32 (Llama-2-7B)

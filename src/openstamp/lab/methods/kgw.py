@@ -31,8 +31,8 @@ from scipy.stats import binom
 from transformers import LogitsProcessor
 
 from openstamp.config import option
-from openstamp.hidden import final_hidden
 from openstamp.key.prf import green_threshold
+from openstamp.lab.hidden import lab_hidden
 from openstamp.lab.methods.base import Carrier, MethodScore, WatermarkMethod, register
 from openstamp.lab.methods.common import (
     keyed_uint32,
@@ -43,9 +43,9 @@ from openstamp.lab.methods.common import (
     scored_sequences,
     secret_tensor,
 )
-from openstamp.models import model_device
-from openstamp.patch import head
-from openstamp.text import bos_prefix, encode, never_green_ids
+from openstamp.model.load import model_device
+from openstamp.model.patch import head
+from openstamp.model.text import bos_prefix, encode, never_green_ids
 
 _DOMAIN = b"openstamp/eval/kgw/green-list/v1"
 
@@ -243,7 +243,7 @@ class KGWLLR(KGW):
         """One decoder forward for the batch; each sequence's per-token green mass and hit (float32 (n_i,))."""
         device = model_device(base)
         ids, mask = right_padded(seqs, pad)
-        hidden = final_hidden(base, ids.to(device), mask.to(device))  # (B, T, d)
+        hidden = lab_hidden(base, ids.to(device), mask.to(device))  # (B, T, d)
         rows = torch.cat([torch.full((len(s) - start,), i) for i, s in enumerate(seqs)])
         cols = torch.cat([torch.arange(start, len(s)) for s in seqs])
         prevs, targets = ids[rows, cols - 1], ids[rows, cols]

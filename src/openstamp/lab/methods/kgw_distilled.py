@@ -61,7 +61,7 @@ from openstamp.lab.methods.base import Carrier, MethodScore, WatermarkMethod, re
 from openstamp.lab.methods.common import load_key, method_secret, save_key
 from openstamp.lab.methods.kgw import KGW, KGWLLR, GreenLists, KGWConfig, KGWLLRConfig
 from openstamp.lab.training import TrainConfig, prepare, train, training_windows
-from openstamp.models import model_device
+from openstamp.model.load import model_device
 
 log = logging.getLogger(__name__)
 _WEIGHT = "weight/"  # prefix of the student's parameters in key.safetensors

@@ -61,8 +61,8 @@ from openstamp.corpus import Document
 from openstamp.lab.methods.base import Carrier, MethodScore, WatermarkMethod, register
 from openstamp.lab.methods.common import keyed_uint32, load_key, method_secret, save_key
 from openstamp.lab.methods.sir_train import TransformNet, embed, train_transform, transform_from_state
-from openstamp.patch import head
-from openstamp.text import encode, never_green_ids
+from openstamp.model.patch import head
+from openstamp.model.text import encode, never_green_ids
 
 _DOMAIN = b"openstamp/eval/sir/mapping/v1"
 

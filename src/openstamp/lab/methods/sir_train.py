@@ -49,7 +49,7 @@ import hashlib
 import torch
 from torch import nn
 
-from openstamp.embedder import encode_texts
+from openstamp.embed.sentences import encode_texts
 from openstamp.lab.methods.common import keyed_normal
 
 BOW_DIM = 64
@@ -167,7 +167,7 @@ def bow_embed(texts: list[str]) -> torch.Tensor:
 
 
 def embed(texts: list[str], name: str) -> torch.Tensor:
-    """Sentence embeddings, float32 (N, k): ``bow`` here, any other name through openstamp.embedder."""
+    """Sentence embeddings, float32 (N, k): ``bow`` here, any other name through openstamp.embed.sentences."""
     if name == "bow":
         return bow_embed(texts)
 

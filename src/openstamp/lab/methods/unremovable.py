@@ -25,8 +25,8 @@ from scipy.stats import norm
 from openstamp.config import option
 from openstamp.lab.methods.base import MethodScore, WatermarkMethod, register
 from openstamp.lab.methods.common import keyed_normal, load_key, method_secret, save_key, scored_sequences
-from openstamp.patch import head
-from openstamp.text import never_green_ids
+from openstamp.model.patch import head
+from openstamp.model.text import never_green_ids
 
 _DOMAIN = b"openstamp/eval/unremovable/bias/v1"
 

@@ -1,8 +1,7 @@
-"""Hidden states on disk, for keys of large models: written in shards, fitted by streaming.
+"""Fitting the selector S on a key's states: in memory, or streamed over state shards.
 
-``collect_states`` keeps every sampled state in one (N, d) tensor: 24 GB for the paper's 1.5M
-states of a 4096-wide model. Here each forward batch's states go to a safetensors shard as
-soon as they are computed, and the selector is fitted in passes over the shards:
+In memory, :func:`openstamp.key.selector.fit_selector` does it all. Over shards (``--states-dir``),
+:func:`fit_selector_streaming` does the same in passes:
 
 * k-means: on a GPU, full Lloyd rounds in torch, one pass over the shards each
   (:func:`openstamp.key.kmeans.kmeans_streamed`); on the CPU, scikit-learn's
@@ -17,110 +16,46 @@ Only P's training set (``projection.n_states`` states and their texts) is loaded
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
-from openstamp.config import SelectorConfig, StatesConfig
-from openstamp.hidden import state_windows, window_batches
+from openstamp.config import SelectorConfig
+from openstamp.embed import shards as shard_files
+from openstamp.embed.shards import StateShards
+from openstamp.embed.states import States
 from openstamp.key.kmeans import assign, kmeans_streamed
-from openstamp.key.selector import accuracy, kmeans_device, ridge_lambda
+from openstamp.key.selector import accuracy, fit_selector, kmeans_device, ridge_lambda
 
 KMEANS_EPOCHS = 5  # passes of mini-batch k-means over the training states
 KMEANS_ROUNDS = 30  # most Lloyd rounds (passes) of streamed torch k-means
 SEED_STATES = 50  # states per cluster drawn for the k-means++ seeding of streamed torch k-means
-CHUNK = 8192  # states per streamed chunk
 
 
-@dataclass
-class StateShards:
-    """States written as ``states-NNNNN.safetensors`` (hidden (n, d) fp32, document (n,)) plus texts."""
+def fit_on_states(
+    states: States | StateShards,
+    train: torch.Tensor,
+    held: torch.Tensor,
+    projection: torch.Tensor | None,
+    cfg: SelectorConfig,
+    penalties: Callable[[torch.Tensor | None], tuple[torch.Tensor | None, torch.Tensor | None]] | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """S fitted on the ``train`` states, scored on ``held``: in memory for ``States``, streamed for shards.
 
-    directory: Path
-    counts: list[int]
-    hidden_size: int
-
-    def __len__(self) -> int:
-        return sum(self.counts)
-
-    def path(self, i: int) -> Path:
-        return self.directory / f"states-{i:05d}.safetensors"
-
-    @functools.cached_property
-    def document(self) -> torch.Tensor:
-        """(N,) document index of every state (8 bytes a state), as ``States.document``."""
-        return torch.cat([load_file(self.path(i))["document"] for i in range(len(self.counts))])
-
-    def texts(self, index: torch.Tensor) -> list[str]:
-        wanted = set(index.tolist())
-        out = {}
-        with (self.directory / "texts.jsonl").open(encoding="utf-8") as fh:
-            for row, line in enumerate(fh):
-                if row in wanted:
-                    out[row] = json.loads(line)
-        return [out[i] for i in index.tolist()]
-
-    def chunks(self, index: torch.Tensor, size: int = CHUNK) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(positions in ``index``, hidden (n, d)) for the states in ``index``, a chunk at a time."""
-        order = torch.argsort(index)
-        sorted_index = index[order]
-        buffer, where, start = [], [], 0
-        for i, count in enumerate(self.counts):
-            lo, hi = torch.searchsorted(sorted_index, torch.tensor([start, start + count])).tolist()
-            if hi > lo:
-                hidden = load_file(self.path(i))["hidden"]
-                buffer.append(hidden[sorted_index[lo:hi] - start])
-                where.append(order[lo:hi])
-            start += count
-            while buffer and sum(len(b) for b in buffer) >= size:
-                h, w = torch.cat(buffer), torch.cat(where)
-                yield w[:size], h[:size]
-                buffer, where = ([h[size:]], [w[size:]]) if len(h) > size else ([], [])
-        if buffer:
-            yield torch.cat(where), torch.cat(buffer)
-
-    def load(self, index: torch.Tensor) -> torch.Tensor:
-        """The hidden states of ``index`` in memory, in that order (for P's training set)."""
-        out = torch.empty(len(index), self.hidden_size)
-        for where, hidden in self.chunks(index):
-            out[where] = hidden
-        return out
-
-
-@torch.inference_mode()
-def write_state_shards(model, tokenizer, documents, cfg: StatesConfig, directory: Path, progress: bool = True):
-    """Like :func:`openstamp.hidden.collect_states`, but each batch's states go straight to disk."""
-    directory.mkdir(parents=True, exist_ok=True)
-    windows = state_windows(model, tokenizer, documents, cfg, progress)
-    n = min(cfg.n_states, len(windows) * cfg.positions_per_window)
-    counts, row = [], 0
-    bar = tqdm(total=n, desc="hidden states (sharded)", unit="state", disable=not progress)
-    with (directory / "texts.jsonl").open("w", encoding="utf-8") as texts:
-        for batch, h in window_batches(model, tokenizer, windows, cfg.batch_size):
-            rows, docs, spans = [], [], []
-            for i, w in enumerate(batch):
-                take = w.positions[: n - row - len(docs)]
-                rows.append(h[i, take])
-                docs.extend([w.document] * len(take))
-                spans.extend(w.ids[max(0, t + 1 - cfg.context_tokens) : t + 1] for t in take)
-            shard = {"hidden": torch.cat(rows).contiguous(), "document": torch.tensor(docs, dtype=torch.long)}
-            save_file(shard, directory / f"states-{len(counts):05d}.safetensors")
-            for text in tokenizer.batch_decode(spans, skip_special_tokens=True):
-                texts.write(json.dumps(text) + "\n")
-            counts.append(len(docs))
-            row += len(docs)
-            bar.update(len(docs))
-            if row >= n:
-                break
-    bar.close()
-    return StateShards(directory, counts, h.shape[-1])
+    ``penalties(projection)`` gives the consistency and Fisher penalties' rows (``dz``, ``gz`` of
+    ``fit_selector``), which need the states in memory.
+    """
+    if isinstance(states, StateShards):
+        if cfg.consistency > 0 or cfg.fisher > 0:
+            raise ValueError(
+                "selector.consistency and selector.fisher need states in memory; they do not run with --states-dir yet"
+            )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return fit_selector_streaming(states, train, held, projection, cfg, device)
+    z = _project(states.hidden, projection)
+    dz, gz = penalties(projection) if penalties is not None else (None, None)
+    return fit_selector(z[train], z[held], cfg, dz=dz, gz=gz)
 
 
 def _project(hidden: torch.Tensor, projection: torch.Tensor | None) -> torch.Tensor:
@@ -144,7 +79,7 @@ def fit_selector_streaming(
     """
     if len(train) < cfg.n_lists:
         raise ValueError(f"{len(train)} states cannot form {cfg.n_lists} clusters; sample more states or lower L")
-    size = max(CHUNK, 3 * cfg.n_lists)
+    size = max(shard_files.CHUNK, 3 * cfg.n_lists)
     predict, method = _streamed_kmeans(shards, train, projection, cfg, size)
 
     def labelled(index):

@@ -32,10 +32,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.config import check, option
 from openstamp.corpus import Document
 from openstamp.errors import RepairError
-from openstamp.generate import sample_completions
-from openstamp.models import model_device
-from openstamp.patch import head, is_tied
-from openstamp.text import bos_prefix, document_windows
+from openstamp.model.generate import sample_completions
+from openstamp.model.load import model_device
+from openstamp.model.patch import head, is_tied
+from openstamp.model.text import bos_prefix, document_windows
 
 WARMUP_STEPS = 10  # linear warm-up of the learning rate, then a cosine over the budget
 PROMPT_TOKENS = 16  # document tokens that start each sampled window

@@ -11,7 +11,7 @@ exp(mean NLL over windows); with windows of one length that is exp(NLL per token
 against the original model is own_ppl / own_ppl(original) - 1, with a paired percentile
 bootstrap over windows.
 
-The eval runs the decoder here under ``openstamp.hidden.autocast_decoder`` in ``EvalConfig.own_ppl_dtype``
+The eval passes ``hidden=openstamp.lab.hidden.lab_hidden``, which runs the decoder in ``EvalConfig.own_ppl_dtype``
 (bfloat16 where the processor computes it natively); the head, the processor, the softmax and the NLL stay
 float32. Both sides of the change run alike, so the decoder's rounding largely cancels in it
 (how far it moves, and the speed: docs/notebook/2026-11-26-bfloat16-in-the-eval.md).
@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, PreTrainedModel
 
-from openstamp.hidden import final_hidden
-from openstamp.models import model_device
-from openstamp.patch import head
+from openstamp.model.hidden import HiddenFn, final_hidden
+from openstamp.model.load import model_device
+from openstamp.model.patch import head
 
 
 @torch.inference_mode()
@@ -40,6 +40,7 @@ def window_nll(
     batch_size: int = 8,
     progress: bool = False,
     chunk_logits: int = 2**25,
+    hidden: HiddenFn = final_hidden,
 ) -> list[float]:
     """Mean NLL of each window's continuation given its prompt, in nats (nan when it is empty).
 
@@ -49,6 +50,7 @@ def window_nll(
         chunk_logits: the most logits held at once (batch x positions x vocabulary): lm_head runs on
             that many positions of a batch in one matrix product, not one position at a time (which
             reads the whole head once per position), and ``processor`` then sees them position by position.
+        hidden: what computes the decoder's states (the lab passes its cached, autocast ``lab_hidden``).
     """
     device, lm_head = model_device(model), head(model)
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
@@ -60,12 +62,12 @@ def window_nll(
     batches = [(k, idx[b : b + batch_size]) for k, idx in groups.items() for b in range(0, len(idx), batch_size)]
     for (start, length), batch in tqdm(batches, desc="own perplexity", disable=not progress):
         ids = torch.tensor([windows[i][0] + windows[i][1] for i in batch], device=device)
-        hidden = final_hidden(model, ids, torch.ones_like(ids))
+        states = hidden(model, ids, torch.ones_like(ids))
         total = torch.zeros(len(batch), dtype=torch.float64, device=device)
         step = max(1, chunk_logits // (len(batch) * weight.shape[0]))
         for first in range(start, length, step):
             last = min(first + step, length)  # positions first..last-1 are scored, from the states before them
-            logits = F.linear(hidden[:, first - 1 : last - 1].to(weight.dtype), weight, bias).float()
+            logits = F.linear(states[:, first - 1 : last - 1].to(weight.dtype), weight, bias).float()
             if processor is not None:
                 for t in range(first, last):
                     logits[:, t - first] = processor(ids[:, :t], logits[:, t - first].contiguous())

@@ -30,12 +30,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.config import DetectConfig, check, option
 from openstamp.corpus import Document
 from openstamp.detect.detector import Detector
-from openstamp.generate import sample_completions
+from openstamp.detect.rates import clopper_pearson
 from openstamp.key.key import WatermarkKey
-from openstamp.patch import apply_watermark, revert_watermark
-from openstamp.quality import perplexity, window_nll
-from openstamp.stats import clopper_pearson
-from openstamp.text import bos_prefix, prompt_windows
+from openstamp.model.generate import sample_completions
+from openstamp.model.patch import apply_watermark, revert_watermark
+from openstamp.model.perplexity import perplexity, window_nll
+from openstamp.model.text import bos_prefix, prompt_windows
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Time and peak resident memory of pipeline stages (a background thread samples RSS)."""
+"""What the code runs on: library versions, the machine, and the time and peak memory of pipeline stages
+(a background thread samples RSS)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,21 @@ def sum_seconds(entries: list[dict[str, float]]) -> dict[str, float]:
         for stage, value in seconds.items():
             totals[stage] = totals.get(stage, 0.0) + value
     return {stage: round(value, 3) for stage, value in totals.items()}
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import sklearn
+    import torch
+    import transformers
+
+    from openstamp import __version__
+
+    return {
+        "openstamp": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "scikit-learn": sklearn.__version__,
+    }

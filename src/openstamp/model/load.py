@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from openstamp.assets import PACKAGED_MODELS, PackagedModel, cache_root, gguf_path, sha256_file
 from openstamp.errors import ModelNotFoundError
-from openstamp.matrices import similarity
+from openstamp.model.similarity import similarity
 from openstamp.storage import atomic_directory
 
 log = logging.getLogger(__name__)

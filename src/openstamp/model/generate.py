@@ -20,8 +20,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from openstamp.models import model_device
-from openstamp.text import bos_prefix
+from openstamp.model.load import model_device
+from openstamp.model.text import bos_prefix
 
 
 @torch.inference_mode()
