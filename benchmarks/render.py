@@ -1,4 +1,5 @@
-"""The tables of docs/results.md, and the README's results-at-a-glance table, rendered from benchmarks/results/.
+"""The tables of docs/results.md and of the docs pages that quote a benchmark (scaling, security, detection, design,
+evaluation), and the README's results-at-a-glance table, rendered from benchmarks/results/.
 
     python benchmarks/render.py            # rewrite every marked block, each page atomically
     python benchmarks/render.py --check    # exit 1 naming each stale or missing table; write nothing
@@ -28,12 +29,24 @@ from product_tables import (
     skipped_tokens,
     speed_by_model,
 )
+from speed_tables import (
+    embed_stages,
+    generate_speed,
+    key_memory,
+    key_rebuild,
+    kmeans_backends,
+    ray_detect,
+    serve_bad_inputs,
+    serve_load,
+)
 
 from openstamp.lab.evaluation.pareto import at_equal_cost
 from openstamp.lab.evaluation.report import equal_cost_table
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = (ROOT / "docs" / "results.md", ROOT / "README.md")
+DOCS = ("results", "scaling", "security", "detection", "design", "evaluation")
+PAGES = (ROOT / "docs" / "results.md", ROOT / "README.md", *(ROOT / "docs" / f"{p}.md" for p in DOCS[1:]))
+REQUIRED = {"README.md": ("glance",)}  # blocks a page must hold, by file name
 BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 
@@ -166,6 +179,58 @@ def tail_check(root: Path) -> list[str]:
 # -- how fast
 
 
+# -- detection quality of one key
+
+
+def detect_quality(root: Path) -> list[str]:
+    """Each detector of one key on 200 watermarked and 200 human texts, from decoded text and from the generated ids
+    (detect_quality.json)."""
+    r = read(root / "detect_quality.json")
+    text, ids = r["on_decoded_text"]["detectors"], r["on_generated_ids"]["detectors"]
+    rows = [
+        [
+            name,
+            f"{d['auroc']:.3f}",
+            rate(d["tpr_at_1pct_fpr"]["tpr"]),
+            f"{ids[name]['auroc']:.3f}",
+            rate(ids[name]["tpr_at_1pct_fpr"]["tpr"]),
+        ]
+        for name, d in text.items()
+    ]
+    return table(["detector", "AUROC, decoded text", "TPR@1%FPR", "AUROC, generated ids", "TPR@1%FPR"], rows)
+
+
+def threshold_lengths(root: Path) -> list[str]:
+    """Human text over each method's full-length 1% threshold, and flagged at p <= 0.01, by length
+    (threshold_lengths.json)."""
+    runs = read(root / "threshold_lengths.json")["runs"]
+    tokens = [x["tokens"] for x in runs[0]["lengths"]]
+    rows = [
+        [f"{r['method']} ({r['score_scale']})"]
+        + [f"{rate(x['human_over_full_threshold'])} / {rate(x['human_flagged_at_p_0.01'])}" for x in r["lengths"]]
+        for r in runs
+    ]
+    return table(["method (score)", *(f"{t} tokens" for t in tokens)], rows)
+
+
+def retie(root: Path) -> list[str]:
+    """The untied export against the re-tied release of one key (retie.json)."""
+    r = read(root / "retie.json")["results"]
+    rows = [["original", f"{r['original']['perplexity']['ppl']:.1f}", "-", "-", f"{r['original']['size_mb']:.0f}"]]
+    rows += [
+        [
+            mode,
+            f"{m['perplexity']['ppl']:.1f}",
+            rate(m["flagged_completions"]),
+            rate(m["flagged_human"]),
+            f"{m['size_mb']:.0f}",
+        ]
+        for mode, m in r.items()
+        if mode != "original"
+    ]
+    return table(["release", "perplexity", "completions flagged", "human flagged", "size (MB)"], rows)
+
+
 # -- which strength and settings
 
 
@@ -208,6 +273,17 @@ TABLES = {
     "qwen_frontier": qwen_frontier,
     "both_models": both_models,
     "qwen_paraphrase": qwen_paraphrase,
+    "embed_stages": embed_stages,
+    "generate_speed": generate_speed,
+    "serve_load": serve_load,
+    "ray_detect": ray_detect,
+    "key_memory": key_memory,
+    "kmeans_backends": kmeans_backends,
+    "key_rebuild": key_rebuild,
+    "serve_bad_inputs": serve_bad_inputs,
+    "detect_quality": detect_quality,
+    "threshold_lengths": threshold_lengths,
+    "retie": retie,
 }
 
 
@@ -249,7 +325,8 @@ def main() -> None:
     from openstamp.storage import atomic_write_text
 
     failed = False
-    for page, required in zip(PAGES, ((), ("glance",)), strict=True):
+    for page in PAGES:
+        required = REQUIRED.get(page.name, ())
         name = page.relative_to(ROOT)
         if not page.exists():
             print(f"{name}: missing", file=sys.stderr)
