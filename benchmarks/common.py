@@ -167,8 +167,12 @@ def shown(name: str) -> str:
     from openstamp.lab.methods.openstamp import current_name, label
 
     found = RECORDED.fullmatch(name)
-    if found is None:
-        return name
+    if found is None:  # a recorded name and a note of the table's own, '<method> (per-token mean)'
+        noted = re.fullmatch(r"(openstamp(?:-nosem)?) \((?!shrinkage)([^()]+)\)", name)
+        if noted is None:
+            return name
+        now = shown(noted.group(1))
+        return f"{now[:-1]}, {noted.group(2)})" if now.endswith(")") else f"{now} ({noted.group(2)})"
     old, shrinkage, centred, gamma = found.groups()
     now = label(current_name(old, None), {"shrinkage": float(shrinkage or 0), "centre": bool(centred)})
     if gamma is not None:
