@@ -37,7 +37,7 @@ def test_docs_tables_match_the_committed_json(render):
 
 def test_headline_figures_are_rendered_from_the_sweep(render):
     rows = {row.split(" | ")[0][2:]: row for row in render.glance(RESULTS)[2:]}
-    assert rows["openstamp (projected: 0.1.0's default)"].endswith(" | 0.419 | +42.8% |")
+    assert rows["openstamp-projected (0.1.0's default)"].endswith(" | 0.419 | +42.8% |")
     default = [row for name, row in rows.items() if name.startswith("**the default key**")]
     assert len(default) == 1  # the default profile's kept sweep variant, named once
     assert rows["kgw-llr"] == "| kgw-llr | 0.769 | +17.5% |"
@@ -92,3 +92,14 @@ def test_render_check_runs_as_a_script():
         [sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"], capture_output=True, text=True, cwd=ROOT
     )
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_no_page_names_a_method_as_it_was_recorded_before_0_3(render):
+    """Results keep the names they were recorded with; pages show the names a reader knows (``shown``)."""
+    from common import shown
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert not [p.name for p in pages if "nosem" in p.read_text(encoding="utf-8")]
+    assert shown("openstamp-nosem (shrinkage 4, centred)") == "openstamp"
+    assert shown("openstamp") == "openstamp-projected" and shown("kgw-llr") == "kgw-llr"
+    assert shown("openstamp-nosem") == "openstamp (shrinkage 0, uncentred)"

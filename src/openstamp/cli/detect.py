@@ -88,6 +88,9 @@ def read_messages(path: Path) -> tuple[list[list[dict]], list]:
 def detect(
     input: Path | None = typer.Argument(None, help=".txt (one text per line), .jsonl (text, optional prompt/id) or -"),
     model: str | None = typer.Option(None, "--model", "-m", help="the watermarked checkpoint (or the original model)"),
+    base: str | None = typer.Option(
+        None, help="the original model beside the release: its backbone reads the text (the exact p-value path)"
+    ),
     key: list[Path] | None = typer.Option(
         None, "--key", "-k", help="the private key directory; repeat it to score against several keys (Holm-corrected)"
     ),
@@ -166,6 +169,7 @@ def detect(
             "--token-scores": token_scores,
             "--messages": messages,
             "several --key": key and len(key) > 1,
+            "--base": base,
         }
         if given := [name for name, value in conflicts.items() if value]:
             raise ValueError(f"{', '.join(given)}: not available with --engine ray")
@@ -186,6 +190,7 @@ def detect(
             "--no-p-values": not p_values,
             "--permutations": permutations != 999,
             "--force": force,
+            "--base": base,
         }
         if given := [name for name, value in local.items() if value]:
             raise ValueError(f"{', '.join(given)}: the server decides these (see its /v1/info); drop them")
@@ -213,7 +218,8 @@ def detect(
             info = client.info()
             key_id = ", ".join(info.get("key_ids") or [info["key_id"]])
     else:
-        detector = load_detector(model, [str(k) for k in key], config, dtype=dtype, device=device, cache_dir=cache_dir)
+        load = {"dtype": dtype, "device": device, "cache_dir": cache_dir, "base": base}
+        detector = load_detector(model, [str(k) for k in key], config, **load)
         if messages is not None:
             results = detector.detect_messages(conversations, **chat, token_scores=want_tokens, progress=progress)
         else:

@@ -27,6 +27,7 @@ from openstamp.detect.items import Item, pieces, prepare
 from openstamp.detect.llr import TokenStats
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.statistics import Head, batch_statistics, tail_pvalue
+from openstamp.errors import KeyMismatchError
 from openstamp.key.key import WatermarkKey
 from openstamp.key.prf import permutations
 from openstamp.model.hidden import HiddenFn, final_hidden
@@ -48,6 +49,14 @@ class Detector:
         key: the private key.
         config: thresholds, limits and batching.
         hidden: what computes the decoder's states (``final_hidden``; the lab passes a cached one).
+        base: the original model, where the owner has it beside the release. The hidden states are then
+            read from its backbone, whose input embeddings do not depend on the secret, and the head
+            U~ = U + dW derived from its U: the permutation p-value is exact for a re-tied key too
+            (docs/detection.md, "Which backbone"). It must be the original this key was made for.
+
+    ``backbone`` says which path the detector took: ``original`` (the base's backbone, or a release
+    whose backbone is the original's: an untied key) or ``release`` (a re-tied release's, which carries
+    U~ in its input embeddings).
     """
 
     def __init__(
@@ -58,11 +67,21 @@ class Detector:
         config: DetectConfig | None = None,
         *,
         hidden: HiddenFn = final_hidden,
+        base: PreTrainedModel | None = None,
     ) -> None:
         self.config = config or DetectConfig()
         which = check_key(model, key) if self.config.check_key else "watermarked"
-        if which == "original" and tied_head_mode(key) == "retie":  # the release's embeddings are U~ too
+        retied = tied_head_mode(key) == "retie"
+        if base is not None:
+            if _which(base, key) != "original":
+                raise KeyMismatchError(
+                    "the base model given is not the original this key was made for; give the base checkpoint the "
+                    "release was made from, or leave --base out"
+                )
+            model, which = base, "original"
+        elif which == "original" and retied:
             model, which = watermarked_copy(model, key), "watermarked"  # the caller's model stays as it is
+        self.backbone = "release" if retied and which == "watermarked" else "original"
         self.model, self.tokenizer, self.key, self.hidden = model, tokenizer, key, hidden
         self.head = Head(head(model).weight.detach(), getattr(head(model), "bias", None), key, which == "watermarked")
         self.device = model_device(model)
@@ -82,11 +101,16 @@ class Detector:
         dtype: str = "float32",
         device: str = "cpu",
         cache_dir: str | None = None,
+        base: str | None = None,
     ) -> Detector:
-        """Load a model (directory, hub id or packaged alias) and a key directory."""
+        """Load a model (directory, hub id or packaged alias) and a key directory; ``base``: the original
+        model beside the release, whose backbone then computes the hidden states."""
         watermark_key = WatermarkKey.load(key)
         loaded, tokenizer = load_model(model, dtype=dtype, device=device, cache_dir=cache_dir)
-        return cls(loaded, tokenizer, watermark_key, config)
+        original = None
+        if base is not None:
+            original, _ = load_model(base, dtype=dtype, device=device, cache_dir=cache_dir)
+        return cls(loaded, tokenizer, watermark_key, config, base=original)
 
     @property
     def key_ids(self) -> list[str]:
@@ -174,6 +198,7 @@ class Detector:
             if decision.below_floor(result, self.config) and self.wants_tail(result):
                 p_tail = tail_pvalue(self.head, stats, fwd, span, self.config)
                 decision.with_tail(result, p_tail, self.config.n_permutations)
+            result.backbone = self.backbone
             if token_scores:
                 result.token_scores = [round(float(v), 5) for v in stats.llr[span]]
                 result.tokens = pieces(self.tokenizer, item)
@@ -198,3 +223,11 @@ class Detector:
             bar.update(len(batch))
         bar.close()
         return results
+
+
+def _which(model: PreTrainedModel, key: WatermarkKey) -> str | None:
+    """``check_key``'s answer, or None where the model matches neither head of the key."""
+    try:
+        return check_key(model, key)
+    except KeyMismatchError:
+        return None

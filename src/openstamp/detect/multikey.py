@@ -82,11 +82,14 @@ class MultiKeyDetector:
         dtype: str = "float32",
         device: str = "cpu",
         cache_dir: str | None = None,
+        base: str | None = None,
     ) -> MultiKeyDetector:
         """Load the model once and every key directory. Give the original model when the keys are of
-        different releases: each release carries only its own key's head."""
+        different releases: each release carries only its own key's head. ``base``: the original beside the
+        release, whose backbone then reads the texts (``Detector``'s ``base``)."""
         loaded, tokenizer = load_model(model, dtype=dtype, device=device, cache_dir=cache_dir)
-        return cls([Detector(loaded, tokenizer, WatermarkKey.load(k), config) for k in keys])
+        original = None if base is None else load_model(base, dtype=dtype, device=device, cache_dir=cache_dir)[0]
+        return cls([Detector(loaded, tokenizer, WatermarkKey.load(k), config, base=original) for k in keys])
 
     def detect(
         self,

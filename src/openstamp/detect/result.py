@@ -28,6 +28,8 @@ class DetectionResult:
         best_key: with several keys, the id of the best-matching key (smallest p-value);
             ``p_value`` is then its Holm-adjusted p-value, and the other fields are that key's.
         p_values_by_key: with several keys, each key's Holm-adjusted p-value.
+        backbone: which backbone computed the hidden states: ``original`` (the base's, or a release's
+            that is the original's) or ``release`` (a re-tied release's, which carries U~; docs/detection.md).
     """
 
     status: str
@@ -44,6 +46,7 @@ class DetectionResult:
     length_band: str | None = None
     best_key: str | None = None
     p_values_by_key: dict[str, float | None] | None = None
+    backbone: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready data; optional fields that are None are left out."""
@@ -54,7 +57,7 @@ class DetectionResult:
         return _finite(data)
 
 
-OPTIONAL = ("token_scores", "tokens", "length_band", "best_key", "p_values_by_key")
+OPTIONAL = ("token_scores", "tokens", "length_band", "best_key", "p_values_by_key", "backbone")
 
 
 def _finite(value: Any) -> Any:
