@@ -121,7 +121,7 @@ def kept_variants(r: dict, folder: Path) -> list[tuple[Path, dict, str, str, str
 
     out = []
     for path in sorted((folder.parent / VARIANTS).glob("*/results.json")):
-        v = json.loads(path.read_text())
+        v = read(path)
         method = v["config"]["methods"][0]
         settings = v["config"]["method_settings"][method]
         name = variant_name(method, settings["shrinkage"], settings.get("centre", False), settings.get("gamma", 0.25))
@@ -198,8 +198,64 @@ def default_method(methods: list[str]) -> str | None:
 COST, TPR = "own_ppl_change", "tpr_at_1pct_fpr"
 
 
+READ: list[dict] = []  # every results file read since render.py last cleared it: what a table was measured with
+
+
 def read(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    READ.append(data)
+    return data
+
+
+DEFAULT_SINCE = (0, 2, 0)  # the default profile is today's key (P = I, shrunk, centred) since 0.2.0; projected before
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def measured_with(reads: list[dict]) -> tuple[list[str], list[str]]:
+    """The openstamp versions and the embedding profiles that results files record (settings.profile, profile or
+    config.profile; an eval's methods carry theirs in their own settings and record none here)."""
+    versions, profiles = set(), set()
+    mapping = lambda x: x if isinstance(x, dict) else {}  # noqa: E731
+    for data in map(mapping, reads):
+        for holder in (data, mapping(data.get("eval"))):
+            if version := mapping(holder.get("versions")).get("openstamp"):
+                versions.add(version)
+        settings, config = mapping(data.get("settings")), mapping(data.get("config"))
+        profile = settings.get("profile") or data.get("profile") or config.get("profile")
+        if isinstance(profile, str):
+            profiles.add(profile)
+    return sorted(versions, key=version_tuple), sorted(profiles)
+
+
+def on_current_default(reads: list[dict]) -> bool:
+    """Whether every file a table read was measured with the current default key: a package of 0.2.0 or later (when
+    the default profile became today's) and, where a profile is recorded, the default profile."""
+    versions, profiles = measured_with(reads)
+    return bool(versions) and all(version_tuple(v) >= DEFAULT_SINCE for v in versions) and set(profiles) <= {"default"}
+
+
+def caption(reads: list[dict]) -> str:
+    """What a table's results were measured with: package versions and profiles ('default' before 0.2.0 was
+    today's projected profile, so it reads 'default of 0.1.0')."""
+    versions, profiles = measured_with(reads)
+    text = f"openstamp {', '.join(versions) or '?'}"
+    if profiles:
+        old = any(version_tuple(v) < DEFAULT_SINCE for v in versions)
+        named = [f"{p} of 0.1.0" if p == "default" and old else p for p in profiles]
+        text += f"; profile {', '.join(named)}"
+    return text
+
+
+def with_caption(rows: list[str], reads: list[dict], historical: bool = False) -> list[str]:
+    """A markdown table whose first header cell names what it was measured with (``caption``), and 'historical'
+    where the page marks it so, without a line more."""
+    cells = rows[0].split("|")
+    note = caption(reads) + ("; historical" if historical else "")
+    cells[1] = f" {cells[1].strip()} <sub>({note})</sub> "
+    return ["|".join(cells), *rows[1:]]
 
 
 def table(header: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:

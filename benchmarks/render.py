@@ -17,7 +17,21 @@ from functools import partial
 from pathlib import Path
 
 from attack_tables import durability, durability_cost, paraphrase
-from common import COST, RESULTS, TPR, default_method, pct, rate, read, shown_row, sweep, table
+from common import (
+    COST,
+    READ,
+    RESULTS,
+    TPR,
+    default_method,
+    on_current_default,
+    pct,
+    rate,
+    read,
+    shown_row,
+    sweep,
+    table,
+    with_caption,
+)
 from model_tables import both_models, qwen_frontier, qwen_paraphrase
 from product_tables import (
     calibration_lengths,
@@ -47,7 +61,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("results", "scaling", "security", "detection", "design", "evaluation")
 PAGES = (ROOT / "docs" / "results.md", ROOT / "README.md", *(ROOT / "docs" / f"{p}.md" for p in DOCS[1:]))
 REQUIRED = {"README.md": ("glance",)}  # blocks a page must hold, by file name
-BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+# a block measured on another profile or package than today's default key is marked historical in the page source
+BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->(?: <!-- historical -->)?\n)(.*?)(<!-- /table -->)", re.S)
+HISTORICAL = "<!-- historical -->"
 
 
 # -- what it costs and what it buys: the Pareto sweep (and its shrinkage variants), the second-order ceiling
@@ -296,14 +312,28 @@ def render_page(text: str, root: Path = RESULTS) -> tuple[str, list[str]]:
         if name not in TABLES:
             problems.append(f"{name}: no such table in benchmarks/render.py")
             return match.group(0)
+        READ.clear()
         try:
             rows = TABLES[name](root)
         except (OSError, KeyError, ValueError) as err:
             problems.append(f"{name}: cannot render it from {root}: {err!r}")
             return match.group(0)
+        rows = with_caption(rows, READ, historical=HISTORICAL in match.group(1))
         return match.group(1) + "\n".join(rows) + "\n" + match.group(4)
 
     return BLOCK.sub(fill, text), problems
+
+
+def unmarked_history(text: str, root: Path = RESULTS) -> list[str]:
+    """The blocks of a page measured on another profile or package than today's default key (``on_current_default``)
+    that are not marked historical."""
+    found = []
+    for match in BLOCK.finditer(text):
+        READ.clear()
+        TABLES[match.group(2)](root)
+        if not on_current_default(list(READ)) and HISTORICAL not in match.group(1):
+            found.append(match.group(2))
+    return found
 
 
 def stale(page: Path, root: Path = RESULTS, required: tuple[str, ...] = ()) -> tuple[str, list[str], list[str]]:

@@ -386,14 +386,14 @@ def test_the_eval_scores_decide_at_its_p_level_so_openstamp_skips_its_tail_bound
     # decisions at the level are the same without it); here: every score the eval makes is asked for at LEVEL
     from types import SimpleNamespace
 
-    from openstamp.detect import detector
+    from openstamp.lab import detector
     from openstamp.lab.evaluation import scoring
     from openstamp.lab.evaluation.lengths import LEVEL
 
     levels = []
 
     def score_dicts(method, model, tokenizer, texts, batch, memo=None):
-        levels.append(detector._NEEDED.level)
+        levels.append(detector.needed_level())
         return [{"score": 1.0, "p_value": 0.5, "n_tokens": 2, "extra": {}} for _ in texts]
 
     monkeypatch.setattr(scoring, "score_dicts", score_dicts)
@@ -402,7 +402,7 @@ def test_the_eval_scores_decide_at_its_p_level_so_openstamp_skips_its_tail_bound
     cfg = SimpleNamespace(score_batch_size=4)
     scoring.score_run(tmp_path, "openstamp@1/s0", "openstamp@1/s0", None, None, tokenizer, [{"human": [4, 5]}], 0, cfg)
     assert levels == [LEVEL] * 3  # watermarked, human, unwatermarked
-    assert getattr(detector._NEEDED, "level", 0.0) == 0.0  # and only there
+    assert detector.needed_level() == 0.0  # and only there
 
 
 def test_length_curve_maths():
