@@ -128,7 +128,10 @@ def main() -> None:
         raise SystemExit(f"unknown sources {sorted(unknown)}; choose from {list(SOURCES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(vars(args), default=str))
-    if (args.out / "settings.json").exists() and read_json(args.out / "settings.json", "settings") != settings:
+    kept = lambda d: {k: v for k, v in d.items() if k not in ("sources", "name")}  # noqa: E731 - a run may add sources
+    if (args.out / "settings.json").exists() and kept(read_json(args.out / "settings.json", "settings")) != kept(
+        settings
+    ):
         raise SystemExit(f"{args.out} holds a run with other settings; choose another --out")
     atomic_write_json(args.out / "settings.json", settings)
     stage_texts(args.out, args)
