@@ -27,6 +27,7 @@ from openstamp.model.text import encode, never_green_ids
 
 BASELINES = tuple(name for name in REGISTRY if not name.startswith("openstamp"))  # every registered baseline
 TEST_STRENGTH = {"unremovable": 2.0, "gaussmark": 0.5, "kgw": 2.0, "kgw-llr": 2.0, "kgw-distilled": 3.0, "sir": 2.0}
+TEST_STRENGTH |= {"hf-kgw": 2.0, "synthid": 8}
 TEST_SETTINGS = {  # strong strengths and short trainings: the tiny model
     "kgw-distilled": {"steps": 200, "seq_len": 64, "batch_size": 8, "lr": 1e-2},
     "sir": {"embedder": "bow", "steps": 100},
@@ -396,7 +397,7 @@ def test_configs_reject_invalid_values(name, bad):
 @pytest.mark.parametrize("name", BASELINES)
 def test_methods_are_registered_with_documented_configs(name):
     cls = REGISTRY[name]
-    assert (cls.carrier is Carrier.DECODER) == (name in ("kgw", "kgw-llr", "sir"))
+    assert (cls.carrier is Carrier.DECODER) == (name in ("kgw", "kgw-llr", "sir", "hf-kgw", "synthid"))
     assert cls.key_fields and isinstance(cls.carrier, Carrier)
     assert getattr(cls.config_class(), cls.strength) in cls.sweep
     assert all(f.metadata.get("help") for f in dataclasses.fields(cls.config_class))

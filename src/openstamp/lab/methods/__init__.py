@@ -8,6 +8,8 @@ from openstamp.lab.methods import gaussmark  # noqa: F401
 from openstamp.lab.methods import kgw  # noqa: F401
 from openstamp.lab.methods import kgw_distilled  # noqa: F401
 from openstamp.lab.methods import sir  # noqa: F401
+from openstamp.lab.methods import hf_kgw  # noqa: F401
+from openstamp.lab.methods import synthid  # noqa: F401
 
 # isort: on
 from openstamp.lab.methods.base import REGISTRY, Carrier, MethodScore, WatermarkMethod, create, register
