@@ -29,6 +29,8 @@ TINY_STRENGTHS = {
     "kgw-llr": 3.0,
     "kgw-distilled": 3.0,  # the key's distillation delta (method_settings below): one key per delta
     "sir": 2.0,
+    "hf-kgw": 3.0,
+    "synthid": 8,
 }
 
 
