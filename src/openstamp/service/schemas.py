@@ -105,6 +105,9 @@ class DetectItem(BaseModel):
     p_values_by_key: dict[str, float | None] | None = Field(
         default=None, description="several keys: each key's Holm-adjusted p-value"
     )
+    backbone: str | None = Field(
+        default=None, description="which backbone read the text: original (exact p-value) or release (re-tied)"
+    )
 
 
 class DetectResponse(BaseModel):
