@@ -144,3 +144,30 @@ def test_bad_suspects_exit_2_with_a_clear_message(release, tiny_model_dir, tmp_p
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, (name, result.output)
         assert message in " ".join(result.stderr.split()), (name, result.stderr)
+
+
+def test_service_route(retied, tied_dir, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from openstamp.config import DetectConfig
+    from openstamp.detect.detector import Detector
+    from openstamp.service import ApiKeys, ServiceConfig, create_app
+
+    detector = Detector.from_pretrained(str(retied / "model"), str(retied / "key"), DetectConfig(min_tokens=4))
+    auth = {"Authorization": "Bearer test-token-0123456789abcdef"}
+    keys = ApiKeys.from_lines(["test-token-0123456789abcdef"], "test")
+    config = ServiceConfig(verify_roots=(str(retied),), verify_base=str(tied_dir))
+    with TestClient(create_app(detector, config, keys)) as client:
+        ok = client.post("/v1/verify-model", json={"path": "model", "permutations": 99}, headers=auth)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["share"] == pytest.approx(1.0, abs=0.01)
+        assert client.post("/v1/verify-model", json={"path": "model"}).status_code == 401
+        outside = client.post("/v1/verify-model", json={"path": str(tied_dir)}, headers=auth)
+        assert outside.status_code == 403
+        escape = client.post("/v1/verify-model", json={"path": "../"}, headers=auth)
+        assert escape.status_code == 403
+        assert client.post("/v1/verify-model", json={"path": "nowhere"}, headers=auth).status_code == 404
+        not_model = client.post("/v1/verify-model", json={"path": "key"}, headers=auth)
+        assert not_model.status_code == 400 and "not a causal LM" in not_model.json()["detail"]
+    with TestClient(create_app(detector, ServiceConfig(), keys)) as client:
+        assert client.post("/v1/verify-model", json={"path": "model"}, headers=auth).status_code == 403
