@@ -90,7 +90,11 @@ def load_public_key(path: Path):
 def key_commitment(key: WatermarkKey, salt: bytes) -> str:
     """sha256(tag || salt || secret || S || P || c || the numbers key_id covers), hex."""
     digest = hashlib.sha256(COMMITMENT_TAG + len(salt).to_bytes(2, "little") + salt)
-    digest.update(key._factor_digest(b"openstamp/key-id/v2").digest())  # secret and factors
+    digest.update(len(key.secret).to_bytes(2, "little") + key.secret)
+    factors = {"selector": key.selector, "projection": key.projection, "centring": key.centring}
+    for name, tensor in factors.items():  # fp32, C order, as key.safetensors holds them
+        if tensor is not None:
+            digest.update(name.encode() + tensor.float().contiguous().numpy().tobytes())
     numbers = [key.gamma, key.delta, key.vocab_size, key.n_lists, key.hidden_size, sorted(key.never_green)]
     digest.update(json.dumps(numbers).encode())
     return digest.hexdigest()
