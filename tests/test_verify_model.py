@@ -90,9 +90,9 @@ def test_gguf_export_is_found(release, tmp_path, tokenizer):
     assert result.p_permutation == floor(key)
 
 
-def test_p_value_is_uniform_over_random_secrets(release):
+def test_p_value_is_uniform_over_random_secrets(retied):
     """An unrelated change (noise plus a shift along the selector) against 300 random secrets: P(p <= 0.1) ~ 0.1."""
-    key = WatermarkKey.load(release / "key")
+    key = WatermarkKey.load(retied / "key")
     g = torch.Generator().manual_seed(1)
     rows = torch.arange(key.vocab_size)
     drift = torch.randn(key.vocab_size, key.hidden_size, generator=g) * 0.05
