@@ -19,8 +19,10 @@ from openstamp.cli.demo import demo
 from openstamp.cli.detect import detect
 from openstamp.cli.embed import embed
 from openstamp.cli.export import export_app
+from openstamp.cli.receipt import receipt_app
 from openstamp.cli.serve import serve
 from openstamp.cli.tune import tune
+from openstamp.cli.verify import verify_model
 
 
 def build_app() -> typer.Typer:
@@ -34,7 +36,9 @@ def build_app() -> typer.Typer:
     )
     for command in (demo, embed, tune, detect, calibrate, serve, audit):
         app.command()(command)
+    app.command("verify-model")(verify_model)
     app.add_typer(export_app, name="export")
+    app.add_typer(receipt_app, name="receipt")
     for plugin in entry_points(group="openstamp.cli"):
         try:
             plugin.load()(app)

@@ -133,6 +133,8 @@ def detect(
     ),
     out_format: str = typer.Option("jsonl", "--format", help="--engine ray: jsonl or parquet output"),
     ray_address: str | None = typer.Option(None, help="--engine ray: a running cluster (auto, ray://...)"),
+    receipt: Path | None = typer.Option(None, help="write a signed receipt of the results here (needs --signing-key)"),
+    signing_key: Path | None = typer.Option(None, help="the Ed25519 private key (PEM) that signs the receipt"),
 ) -> None:
     """Score texts for the watermark of KEY in MODEL, or with a detection service (--server)."""
     from openstamp.config import DetectConfig
@@ -148,6 +150,10 @@ def detect(
     calibrated = calibrated or (rule == "llr" and threshold is None)
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use local or ray")
+    if receipt is not None or signing_key is not None:
+        from openstamp.provenance.receipt import check_receipt_options
+
+        check_receipt_options(receipt, signing_key, local=server is None and engine == "local")
     config = None  # a detection service uses its own settings
     if server is None:
         config = DetectConfig(
@@ -235,6 +241,10 @@ def detect(
     if html is not None:
         atomic_write_text(html, render(results, [f"text {i}" for i in ids], key_id))
         console.print(f"per-token evidence: {html}")
+    if receipt is not None:  # signed over what was scored, before anything is printed
+        from openstamp.provenance.receipt import write_detect_receipt
+
+        write_detect_receipt(receipt, signing_key, model, key, records, conversations if messages else texts)
     lines = "".join(json.dumps(r) + "\n" for r in records)
     if output is not None:
         atomic_write_text(output, lines)

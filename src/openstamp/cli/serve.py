@@ -53,6 +53,10 @@ def serve(
     allow_token_scores: bool = typer.Option(
         False, help="serve per-token scores (they reveal the watermark logit of each token to callers)"
     ),
+    verify_root: list[Path] | None = typer.Option(
+        None, help="a directory whose checkpoints POST /v1/verify-model may read (repeatable; none: the route is off)"
+    ),
+    verify_base: str | None = typer.Option(None, help="the original model POST /v1/verify-model compares against"),
     dtype: str = DtypeOption,
     device: str = DeviceOption,
     cache_dir: Path | None = CacheOption,
@@ -74,6 +78,8 @@ def serve(
         max_queue=max_queue,
         log_texts=log_texts,
         allow_token_scores=allow_token_scores,
+        verify_roots=tuple(str(r) for r in verify_root or ()),
+        verify_base=verify_base,
     )
     config = DetectConfig(
         alpha=fpr,

@@ -1,6 +1,7 @@
 """The detection service: a thin FastAPI layer over ``Detector.detect``.
 
     POST /v1/detect   texts (and prompts), or conversations -> DetectionResult records, micro-batched
+    POST /v1/verify-model  a checkpoint under the server's verify roots -> the weights test (service/verify.py)
     GET  /v1/info     model, key ids, detectors, decision rule, limits; no key material
     GET  /healthz     liveness (no authentication)
     GET  /            the detection page and its static files (no authentication)
@@ -40,6 +41,7 @@ from openstamp.service.schemas import (
     HealthResponse,
     InfoResponse,
 )
+from openstamp.service.verify import add_verify_route
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,7 @@ def create_app(
         key_ids = detector.key_ids
         return DetectResponse(key_id=key_ids[0] if len(key_ids) == 1 else None, key_ids=key_ids, results=items)
 
+    add_verify_route(app, detector, config, bearer, ERRORS)  # POST /v1/verify-model (service/verify.py)
     return app
 
 

@@ -25,6 +25,10 @@ class ServiceConfig:
     allow_token_scores: bool = option(
         False, "serve per-token scores; they show a caller the watermark logit of every token (off: 403)"
     )
+    verify_roots: tuple[str, ...] = option(
+        (), "directories whose checkpoints POST /v1/verify-model may read (none: 403)"
+    )
+    verify_base: str | None = option(None, "the original model (directory) /v1/verify-model compares against")
 
     def __post_init__(self) -> None:
         for name in (
