@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH=${OPENSTAMP_TORCH:-torch==2.13.0}
-EXTRAS=${OPENSTAMP_EXTRAS:-dev,serve,lab,ray}
+EXTRAS=${OPENSTAMP_EXTRAS:-dev,serve,lab,ray,provenance}
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)

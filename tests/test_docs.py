@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 TEST_COMMAND = "<!-- test-command -->\n```bash\nbash scripts/setup.sh && .venv/bin/python -m pytest -q\n```\n"
-GLANCE = ("<!-- table: glance -->\n", "<!-- /table -->\n")  # benchmarks/render.py fills the table between
+GLANCE = ("<!-- table: glance --> <!-- historical -->\n", "<!-- /table -->\n")  # benchmarks/render.py fills the table between
 SHELL_OPERATORS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "&"}
 
 
