@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 TEST_COMMAND = "<!-- test-command -->\n```bash\nbash scripts/setup.sh && .venv/bin/python -m pytest -q\n```\n"
-GLANCE = ("<!-- table: glance --> <!-- historical -->\n", "<!-- /table -->\n")  # benchmarks/render.py fills the table between
+# benchmarks/render.py fills the table between (historical: its rows span two package versions)
+GLANCE = ("<!-- table: glance --> <!-- historical -->\n", "<!-- /table -->\n")
 SHELL_OPERATORS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "&"}
 
 
