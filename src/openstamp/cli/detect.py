@@ -122,6 +122,9 @@ def detect(
     p_values: bool = typer.Option(True, help="compute permutation p-values"),
     permutations: int = typer.Option(999, help="permutations for the p-value"),
     force: bool = typer.Option(False, help="skip the check that the key belongs to this model"),
+    pool: bool = typer.Option(False, help="one pooled result for the whole input: are these texts from my model?"),
+    group_by: str | None = typer.Option(None, help="one pooled result per value of this .jsonl field (account, site)"),
+    dedupe: bool = typer.Option(False, help="--pool/--group-by: count each repeated (context, token) pair once"),
     dtype: str = DtypeOption,
     device: str = DeviceOption,
     cache_dir: Path | None = CacheOption,
@@ -166,6 +169,15 @@ def detect(
             n_permutations=permutations,
             check_key=not force,
         )
+    if dedupe and not (pool or group_by):
+        raise ValueError("--dedupe applies to --pool and --group-by")
+    if pool or group_by is not None:  # one result per input or per group (detect/pool.py)
+        others = {"--server": server, "--engine ray": engine == "ray" or out_dir, "--token-scores": token_scores,
+                  "--html": html, "--messages": messages}  # fmt: skip
+        if given := [name for name, value in others.items() if value]:
+            raise ValueError(f"{', '.join(given)}: not available with --pool/--group-by")
+        detect_pools(input, text, group_by, dedupe, model, key, base, config, output, dtype, device, cache_dir, quiet)
+        return
     if engine == "ray" or out_dir is not None:
         conflicts = {
             "--server": server,
@@ -254,6 +266,51 @@ def detect(
         sys.stdout.write(lines)
 
 
+def detect_pools(input, text, group_by, dedupe, model, key, base, config, output, dtype, device, cache_dir, quiet):
+    """--pool / --group-by: one pooled result (``Detector.detect_pool``) for the input, or for each group."""
+    from openstamp.detect.multikey import load_detector
+    from openstamp.storage import atomic_write_text
+
+    if model is None or not key:
+        raise ValueError("give --model and --key to detect a pool")
+    texts, prompts, _ = read_inputs(input, text)
+    if group_by is None:
+        groups = {str(input) if input is not None else "texts": list(range(len(texts)))}
+    else:
+        if input is None or input.suffix != ".jsonl":
+            raise ValueError("--group-by needs a .jsonl input")
+        groups = {}
+        for i, value in enumerate(group_values(input, group_by)):
+            groups.setdefault(value, []).append(i)
+    load = {"dtype": dtype, "device": device, "cache_dir": cache_dir, "base": base}
+    detector = load_detector(model, [str(k) for k in key], config, **load)
+    records = []
+    for name, rows in groups.items():
+        result = detector.detect_pool(
+            [texts[i] for i in rows], [prompts[i] for i in rows], dedupe=dedupe, progress=not quiet and len(rows) > 8
+        )
+        records.append({"id": name, **result.to_dict()})
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    if output is not None:
+        atomic_write_text(output, lines)
+    elif sys.stdout.isatty():
+        print_table(records)
+    else:
+        sys.stdout.write(lines)
+
+
+def group_values(path: Path, field: str) -> list:
+    """Each record's ``field`` of a .jsonl file, in ``read_inputs``' order (blank lines skipped)."""
+    values = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            record = json.loads(line)
+            if field not in record or isinstance(record[field], (dict, list)):
+                raise ValueError(f"{path}:{n} needs a field {field!r} (a string or a number) for --group-by")
+            values.append(record[field])
+    return values
+
+
 def run_ray(source, out_dir, model, key, config, workers, fmt, dtype, device, address, quiet) -> None:
     """--engine ray: score shards on Ray Data actors; say what was scored and what was skipped."""
     from openstamp.errors import require_extra
@@ -284,7 +341,7 @@ def run_ray(source, out_dir, model, key, config, workers, fmt, dtype, device, ad
 
 def print_table(records: list[dict]) -> None:
     table = Table(title="OpenStamp detection")
-    extra = [c for c in ("length_band", "best_key") if any(c in r for r in records)]
+    extra = [c for c in ("length_band", "best_key", "n_texts") if any(c in r for r in records)]
     for column in ("id", "status", "tokens", "mean LLR", "p-value", "watermarked?", *extra):
         table.add_column(column.replace("_", " "))
     for r in records:

@@ -186,7 +186,13 @@ def parse_delta(text: str | None) -> float | None:
 def print_tune(report: dict) -> None:
     """The strengths the search tried, what each bought and cost, and the one it chose."""
     s = report["settings"]
-    table = Table(title=f"delta search: TPR at p <= {s['fpr']} on {s['n']} held-out texts of {s['tokens']} tokens")
+    title = f"delta search: TPR at p <= {s['fpr']} on {s['n']} held-out texts of {s['tokens']} tokens"
+    if s.get("target") == "pooled":
+        title = (
+            f"delta search: sources of {s['texts']} texts of {s['tokens']} tokens detected at pooled p <= {s['p']:g} "
+            f"({s['sources']} random sources of {s['n']} held-out texts)"
+        )
+    table = Table(title=title)
     for column in ("delta", "TPR [95% CI]", "own perplexity", "change"):
         table.add_column(column, justify="right")
     for p in report["probes"]:

@@ -28,7 +28,13 @@ def tune(
     profile: str = typer.Option(
         "default", help="settings profile: default, projected (0.1.0's default, with P), paper, small"
     ),
-    target_tpr: float = typer.Option(0.99, help="fraction of watermarked texts that must be flagged"),
+    target_tpr: float | None = typer.Option(
+        None, help="fraction of watermarked texts (--target pooled: of sources) that must be detected [0.99; 0.95]"
+    ),
+    target: str = typer.Option("texts", help="texts: single texts at p <= --fpr; pooled: sources of --texts texts"),
+    texts: int = typer.Option(20, help="--target pooled: texts per source (a random group of the --n completions)"),
+    p: float = typer.Option(1e-6, "--p", help="--target pooled: a source is detected at pooled p <= this"),
+    sources: int = typer.Option(20, help="--target pooled: random sources per probed delta"),
     tokens: int = typer.Option(200, help="new tokens per text: the length detection must work at"),
     fpr: float = typer.Option(0.01, help="flag at p-value <= this false-positive rate"),
     n: int = typer.Option(64, help="held-out prompts per probed delta"),
@@ -48,14 +54,20 @@ def tune(
     overwrite: bool = typer.Option(False, help="replace existing output directories"),
     quiet: bool = typer.Option(False, help="no progress bars"),
 ) -> None:
-    """Choose delta: the smallest whose watermark is flagged in --target-tpr of texts of --tokens tokens."""
+    """Choose delta: the smallest whose watermark is flagged in --target-tpr of texts of --tokens tokens
+    (--target pooled: in --target-tpr of sources of --texts such texts, detected together at p <= --p)."""
     from openstamp.embed.pipeline import Release, embed
     from openstamp.embed.tune import TuneConfig
     from openstamp.release.card import check_verify_url
 
     setup_logging(quiet)
     release = Release(disclose=not no_disclose, verify_url=check_verify_url(verify_url))
-    cfg = TuneConfig(target_tpr=target_tpr, tokens=tokens, fpr=fpr, n=n, low=low, high=high, steps=steps, seed=seed)
+    if target_tpr is None:
+        target_tpr = 0.95 if target == "pooled" else 0.99
+    pooled = {"target": target, "texts": texts, "p": p, "sources": sources}
+    cfg = TuneConfig(
+        target_tpr=target_tpr, tokens=tokens, fpr=fpr, n=n, low=low, high=high, steps=steps, seed=seed, **pooled
+    )
     if from_key is not None:
         retune(from_key, key, out, model, corpus, cfg, tied_head, dtype, device, overwrite, quiet, release)
         return

@@ -157,6 +157,16 @@ class Detector:
         chats = [Chat(list(m), drop_system=drop_system, drop_reasoning=drop_reasoning) for m in conversations]
         return self.detect(chats, token_scores=token_scores, progress=progress)
 
+    def detect_pool(
+        self, texts: list, prompts: list | None = None, *, dedupe: bool = False, progress: bool = False
+    ) -> DetectionResult:
+        """One result for the whole set of texts: the centred LLR summed over all of their tokens, with a p-value
+        that is exact however the texts depend on one another (``pool.py``). ``dedupe`` counts each (context
+        window, token) pair once."""
+        from openstamp.detect.pool import DEDUPE_WINDOW, detect_pool
+
+        return detect_pool(self, texts, prompts, dedupe_window=DEDUPE_WINDOW if dedupe else None, progress=progress)
+
     # -- the steps -----------------------------------------------------------------------------
 
     def prepare(self, texts, prompts=None, *, token_scores: bool = False) -> list[Item]:

@@ -220,7 +220,12 @@ def permutation_pvalue(
         (statistic T, Monte-Carlo p-value (1 + #{T_pi >= T}) / (K + 1), z of T against the
         permutation distribution).
     """
-    C = selector.double().T @ residual.double()  # (L, L)
+    return cross_pvalue(selector.double().T @ residual.double(), perms, delta)
+
+
+def cross_pvalue(C: torch.Tensor, perms: torch.Tensor, delta: float) -> tuple[float, float, float]:
+    """``permutation_pvalue`` from the (L, L) fp64 matrix C = S^T R, which is additive over tokens: the
+    C of a set of texts is the sum of theirs, and one permutation re-maps every token's list at once."""
     observed = delta * float(torch.diagonal(C).sum())
     rows = torch.arange(C.shape[0])
     null = delta * C[rows, perms].sum(-1)  # (K,)

@@ -116,6 +116,10 @@ class MultiKeyDetector:
         each = lead.run(items, lambda batch: self._score(batch, token_scores), progress)
         return [r if isinstance(r, list) else [r] * len(self.detectors) for r in each]  # too short: one for all
 
+    def detect_pool(self, texts: list, prompts: list | None = None, **options) -> DetectionResult:
+        """One pooled result per key (``Detector.detect_pool``), combined as one text's (Holm over the keys)."""
+        return self.combine([d.detect_pool(texts, prompts, **options) for d in self.detectors])
+
     # the same rendering of conversations into Chat items, then this class's detect against every key
     detect_messages = Detector.detect_messages
 

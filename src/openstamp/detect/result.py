@@ -30,6 +30,8 @@ class DetectionResult:
         p_values_by_key: with several keys, each key's Holm-adjusted p-value.
         backbone: which backbone computed the hidden states: ``original`` (the base's, or a release's
             that is the original's) or ``release`` (a re-tied release's, which carries U~; docs/detection.md).
+        n_texts: pooled detection (``Detector.detect_pool``): the texts in the set; ``n_tokens`` then counts
+            the set's scored tokens and every score is the set's.
     """
 
     status: str
@@ -47,6 +49,7 @@ class DetectionResult:
     best_key: str | None = None
     p_values_by_key: dict[str, float | None] | None = None
     backbone: str | None = None
+    n_texts: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready data; optional fields that are None are left out."""
@@ -57,7 +60,7 @@ class DetectionResult:
         return _finite(data)
 
 
-OPTIONAL = ("token_scores", "tokens", "length_band", "best_key", "p_values_by_key", "backbone")
+OPTIONAL = ("token_scores", "tokens", "length_band", "best_key", "p_values_by_key", "backbone", "n_texts")
 
 
 def _finite(value: Any) -> Any:

@@ -157,3 +157,55 @@ def combined_pvalue(p_permutation: float, n_permutations: int, p_tail: float | N
     if p_tail is None or p_permutation > floor:
         return p_permutation
     return max(min(p_permutation, p_tail), P_FLOOR)
+
+
+@dataclass
+class TailSums:
+    """``tail_terms`` of a set of texts, accumulated batch by batch (the pooled statistic's bound).
+
+    T of a set of texts is the sum of theirs, and so are c = A - B and E T; only the split of the
+    vocabulary into the tokens the set contains (exact part) and the rest (Bennett) is the set's.
+    coefficients: fp64 (L, V) c, the one dense array (L x V x 8 bytes); in_text: bool (V,) Q;
+    mean: E T so far.
+    """
+
+    coefficients: torch.Tensor
+    in_text: torch.Tensor
+    mean: float = 0.0
+
+    @classmethod
+    def empty(cls, key: WatermarkKey) -> TailSums:
+        L, V = key.n_lists, key.vocab_size
+        return cls(torch.zeros(L, V, dtype=torch.float64), torch.zeros(V, dtype=torch.bool))
+
+    @torch.inference_mode()
+    def add(self, hidden, targets, weight, key, selector, lse_orig, *, bias=None, head_is_watermarked=True,
+            block: int = 4096) -> None:  # fmt: skip
+        """Add N scored tokens: hidden (N, d), targets (N,), selector (N, L) s, lse_orig (N,) (as ``tail_terms``)."""
+        device = hidden.device
+        green_t = key.green_float.to(device).T
+        never = torch.tensor(key.never_green, dtype=torch.long, device=device)
+        eligible = torch.ones(key.vocab_size, dtype=torch.bool, device=device)
+        eligible[never] = False
+        s, lse = selector.to(device).float(), lse_orig.to(device)[:, None]
+        mass = torch.zeros(len(hidden), dtype=torch.float64, device=device)  # p_t(E)
+        for b in range(0, weight.shape[0], block):
+            z = F.linear(hidden, weight[b : b + block], None if bias is None else bias[b : b + block]).float()
+            if head_is_watermarked:
+                z.addmm_(s, green_t[:, b : b + block], alpha=-key.delta)
+            p = z.sub_(lse).exp_()
+            p[:, never[(never >= b) & (never < b + block)] - b] = 0.0
+            mass += p.sum(-1, dtype=torch.float64)
+            self.coefficients[:, b : b + block] -= (s.T @ p).double().cpu()  # B
+        is_eligible = eligible[targets]
+        self.coefficients.index_add_(1, targets[is_eligible].cpu(), s[is_eligible].double().T.cpu())  # A
+        self.in_text[targets[is_eligible].cpu()] = True
+        weights = s.double().sum(-1)
+        self.mean += key.delta * key.gamma * float((weights * (is_eligible.double() - mass)).sum())
+
+    def terms(self, statistic: float) -> TailTerms:
+        """The bound's terms for the accumulated set, whose centred statistic is ``statistic``."""
+        rest = self.coefficients[:, ~self.in_text]
+        rest_max = float(rest.abs().max()) if rest.numel() else 0.0
+        coefficients = self.coefficients[:, self.in_text].T.contiguous()
+        return TailTerms(statistic - self.mean, coefficients, float(rest.square().sum()), rest_max)

@@ -15,6 +15,10 @@ so TPR is not monotone in delta there. Each probe watermarks the model at that d
 one completion per held-out prompt, and detects them with their calibrated p-values. Every
 probe's TPR (with a 95% Clopper-Pearson interval) and its own perplexity on the prompts' human
 continuations are kept, so the report shows the trade-off the search walked through.
+
+``target="pooled"`` asks the same of sources instead of texts: a source is ``texts`` completions
+drawn at random from the probe's ``n``, detected together (``detect/pool.py``), and it counts as
+detected at pooled p <= ``p``; TPR is then the fraction of ``sources`` random sources detected.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from openstamp.config import DetectConfig, check, option
 from openstamp.corpus import Document
 from openstamp.detect.detector import Detector
+from openstamp.detect.pool import source_pvalues
 from openstamp.detect.rates import clopper_pearson
 from openstamp.key.key import WatermarkKey
 from openstamp.model.generate import sample_completions
@@ -52,8 +57,17 @@ class TuneConfig:
     steps: int = option(3, "bisection steps after the ascending pass (each probes one delta)")
     batch_size: int = option(16, "completions per generation batch")
     seed: int = option(0, "sampling seed (one seed for every probe)")
+    target: str = option(
+        "texts", "texts: target_tpr of single texts flagged at p <= fpr; pooled: target_tpr of sources detected"
+    )
+    texts: int = option(20, "pooled: texts per source (a random group of the probe's n completions)")
+    p: float = option(1e-6, "pooled: a source is detected when its pooled p-value is <= this")
+    sources: int = option(20, "pooled: random sources per probe")
 
     def __post_init__(self) -> None:
+        check(self.target in ("texts", "pooled"), "target must be texts or pooled")
+        check(self.target == "texts" or 1 <= self.texts <= self.n, "pooled: need 1 <= texts <= n")
+        check(0 < self.p < 1 and self.sources >= 1, "pooled: need 0 < p < 1 and sources >= 1")
         check(0 < self.target_tpr <= 1 and 0 < self.fpr < 1, "need 0 < target_tpr <= 1 and 0 < fpr < 1")
         check(0 < self.low < self.high, "need 0 < low < high")
         check(min(self.tokens, self.n, self.prompt_tokens, self.batch_size) >= 1 and self.steps >= 0, "sizes >= 1")
@@ -88,12 +102,16 @@ def probe(model, tokenizer, key: WatermarkKey, pairs, cfg: TuneConfig, tied_head
         )  # fmt: skip
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
         detector = Detector(model, tokenizer, key, DetectConfig(alpha=cfg.fpr))
-        p_values = [r.p_value for r in detector.detect(texts)]
+        if cfg.target == "pooled":  # a source: a random group of cfg.texts completions, detected together
+            p_values, level = source_pvalues(detector, texts, cfg.texts, cfg.sources, cfg.seed), cfg.p
+        else:
+            p_values, level = [r.p_value for r in detector.detect(texts)], cfg.fpr
         own = own_perplexity(model, tokenizer, pairs, cfg.batch_size)
     finally:
         revert_watermark(model, key)
-    hits = sum(p is not None and p <= cfg.fpr for p in p_values)
-    return {"delta": key.delta, "tpr": hits / len(pairs), "tpr_ci": clopper_pearson(hits, len(pairs)), "own_ppl": own}
+    hits = sum(p is not None and p <= level for p in p_values)
+    rate = hits / len(p_values)
+    return {"delta": key.delta, "tpr": rate, "tpr_ci": clopper_pearson(hits, len(p_values)), "own_ppl": own}
 
 
 def tune_delta(

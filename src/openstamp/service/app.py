@@ -131,7 +131,10 @@ def create_app(
             for i, text in enumerate(pieces):
                 log.info("text %d: %r", i, text[:80])
         try:
-            records = await batcher.submit(texts, prompts, body.token_scores)
+            if body.pool:  # one result for the set, scored alone between batches
+                records = [(await batcher.call(detector.detect_pool, texts, prompts)).to_dict()]
+            else:
+                records = await batcher.submit(texts, prompts, body.token_scores)
         except QueueFull as err:
             raise HTTPException(429, f"the service is busy ({err}); retry later", headers=retry) from None
         except ServiceClosing:

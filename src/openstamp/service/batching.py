@@ -81,6 +81,12 @@ class MicroBatcher:
         self._wakeup.set()
         return await job.future
 
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` alone on the detection thread, between batches (a pooled request)."""
+        if self._closing or self._executor is None:
+            raise ServiceClosing("the service is shutting down")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
     async def close(self) -> None:
         """Stop accepting requests, finish the accepted ones, then stop the worker."""
         self._closing = True

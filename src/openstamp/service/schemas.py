@@ -56,6 +56,11 @@ class DetectRequest(BaseModel):
         default=False, description="messages: strip <think>...</think> blocks from assistant turns"
     )
     token_scores: StrictBool = Field(default=False, description="include per-token LLR scores and tokens")
+    pool: StrictBool = Field(
+        default=False,
+        description="one pooled result for all the texts (or conversations) together, with n_texts; its p-value "
+        "is exact however the texts depend on one another",
+    )
 
     @field_validator("texts")
     @classmethod
@@ -71,6 +76,8 @@ class DetectRequest(BaseModel):
     def _one_prompt_per_text(self) -> DetectRequest:
         if (self.texts is None) == (self.messages is None):
             raise ValueError("give either texts or messages")
+        if self.pool and self.token_scores:
+            raise ValueError("pool gives one result for the set: per-token scores are per text")
         if self.messages is not None:
             if self.prompts is not None:
                 raise ValueError("prompts go with texts; a conversation carries its own context")
@@ -108,6 +115,7 @@ class DetectItem(BaseModel):
     backbone: str | None = Field(
         default=None, description="which backbone read the text: original (exact p-value) or release (re-tied)"
     )
+    n_texts: int | None = Field(default=None, description="pool: the texts in the set (n_tokens: all their tokens)")
 
 
 class DetectResponse(BaseModel):
