@@ -34,6 +34,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         add_completion=False,
     )
+    app.callback()(main_options)
     for command in (demo, embed, tune, detect, calibrate, serve, audit):
         app.command()(command)
     app.command("verify-model")(verify_model)
@@ -45,6 +46,22 @@ def build_app() -> typer.Typer:
         except ImportError as err:  # a plugin whose dependencies are not installed
             logging.getLogger(__name__).debug("openstamp.cli plugin %s not loaded: %s", plugin.name, err)
     return app
+
+
+def show_version(value: bool) -> None:
+    if value:
+        from openstamp import __version__
+
+        typer.echo(f"openstamp {__version__}")
+        raise typer.Exit()
+
+
+def main_options(
+    version: bool = typer.Option(
+        False, "--version", callback=show_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
+    """Watermark open-weight language models inside their weights, and detect the watermark."""
 
 
 @functools.cache

@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -76,6 +77,26 @@ def friendly_errors(func):
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def check_output(path: Path | None, overwrite: bool, option: str = "--output") -> None:
+    """Refuse, before any work, an output path that is a directory, lies in no directory, or exists (unless
+    ``overwrite``)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise IsADirectoryError(f"{option} {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{option} {path}: the directory {path.parent} does not exist")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{option} {path} exists; pass --overwrite to replace it")
+
+
+def hide_progress_bars() -> None:
+    """--quiet: no progress bars, transformers' weight loading's included."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def numbers(text: str, name: str, kind: type = float) -> tuple:

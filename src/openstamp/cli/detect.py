@@ -13,8 +13,10 @@ from openstamp.cli.common import (
     CacheOption,
     DeviceOption,
     DtypeOption,
+    check_output,
     console,
     friendly_errors,
+    hide_progress_bars,
     out,
     setup_logging,
 )
@@ -86,7 +88,9 @@ def read_messages(path: Path) -> tuple[list[list[dict]], list]:
 
 @friendly_errors
 def detect(
-    input: Path | None = typer.Argument(None, help=".txt (one text per line), .jsonl (text, optional prompt/id) or -"),
+    input: Path | None = typer.Argument(
+        None, help="a .txt file or - (stdin), one text per line; or .jsonl (text, optional prompt/id), one a line"
+    ),
     model: str | None = typer.Option(None, "--model", "-m", help="the watermarked checkpoint (or the original model)"),
     base: str | None = typer.Option(
         None, help="the original model beside the release: its backbone reads the text (the exact p-value path)"
@@ -107,6 +111,7 @@ def detect(
     drop_system: bool = typer.Option(False, help="--messages: leave system messages out of the context"),
     drop_reasoning: bool = typer.Option(False, help="--messages: strip <think>...</think> from assistant turns"),
     output: Path | None = typer.Option(None, "--output", "-o", help="write JSON lines here instead of stdout"),
+    overwrite: bool = typer.Option(False, help="replace an existing --output or --html file"),
     fpr: float = typer.Option(0.01, help="false-positive rate of the decision"),
     threshold: float | None = typer.Option(None, help="flag when the mean LLR exceeds this instead"),
     calibrated: bool = typer.Option(False, help="flag with the key's calibrated LLR threshold for --fpr"),
@@ -118,6 +123,7 @@ def detect(
     token_scores: bool = typer.Option(False, help="include per-token LLR scores"),
     html: Path | None = typer.Option(None, help="write per-token evidence as an HTML page"),
     min_tokens: int = typer.Option(16, help="shorter texts are reported as too short"),
+    max_tokens: int = typer.Option(2048, help="longer texts are truncated to this many tokens (said on stderr)"),
     batch_size: int = typer.Option(16, help="texts per forward pass"),
     p_values: bool = typer.Option(True, help="compute permutation p-values"),
     permutations: int = typer.Option(999, help="permutations for the p-value"),
@@ -129,7 +135,7 @@ def detect(
     device: str = DeviceOption,
     cache_dir: Path | None = CacheOption,
     quiet: bool = typer.Option(False, help="no progress bar"),
-    engine: str = typer.Option("local", help="local (this process) or ray (Ray Data actors; needs the [ray] extra)"),
+    engine: str = typer.Option("local", help="local (this process) or ray (Ray Data actors; needs the \\[ray] extra)"),
     workers: int = typer.Option(1, help="--engine ray: detector actors, each loading the model once"),
     out_dir: Path | None = typer.Option(
         None, "--out", help="--engine ray: folder for one scored file per input shard (existing ones are skipped)"
@@ -146,6 +152,10 @@ def detect(
     from openstamp.storage import atomic_write_text
 
     setup_logging(quiet=True)
+    if quiet:
+        hide_progress_bars()
+    check_output(output, overwrite)
+    check_output(html, overwrite, "--html")
     if rule not in ("pvalue", "llr"):
         raise ValueError(f"--rule {rule!r}: choose pvalue or llr")
     if rule == "pvalue" and (threshold is not None or calibrated):
@@ -164,6 +174,7 @@ def detect(
             threshold=threshold,
             calibrated=calibrated,
             min_tokens=min_tokens,
+            max_tokens=max_tokens,
             batch_size=batch_size,
             p_values=p_values,
             n_permutations=permutations,
@@ -205,6 +216,7 @@ def detect(
             "--threshold": threshold,
             "--calibrated / --rule llr": calibrated,
             "--min-tokens": min_tokens != 16,
+            "--max-tokens": max_tokens != 2048,
             "--no-p-values": not p_values,
             "--permutations": permutations != 999,
             "--force": force,
@@ -222,6 +234,8 @@ def detect(
         conversations, ids = read_messages(messages)
     else:
         texts, prompts, ids = read_inputs(input, text)
+    if not ids:
+        raise ValueError(f"no texts to score: {'stdin' if str(input) == '-' else input} is empty")
     chat = {"drop_system": drop_system, "drop_reasoning": drop_reasoning}
     want_tokens = token_scores or html is not None
     progress = not quiet and len(ids) > 8
@@ -243,6 +257,9 @@ def detect(
         else:
             results = detector.detect(texts, prompts, token_scores=want_tokens, progress=progress)
         key_id = ", ".join(detector.key_ids)
+    if truncated := sum(r.truncated for r in results):
+        limit = f" to {max_tokens} tokens (--max-tokens)" if server is None else " by the server's token limit"
+        console.print(f"[yellow]note:[/] {truncated} of {len(results)} texts were truncated{limit}")
     records = []
     for i, result in zip(ids, results, strict=True):
         record = {"id": i, **result.to_dict()}
@@ -352,5 +369,5 @@ def print_table(records: list[dict]) -> None:
             str(r["id"]), r["status"], str(r["n_tokens"]), score, p, flag, *(str(r.get(c, "")) for c in extra)
         )
     out.print(table)
-    if records and records[0].get("rule"):
-        out.print(f"decision rule: {records[-1]['rule']}")
+    if rules := list(dict.fromkeys(r["rule"] for r in records if r["status"] == "ok" and r.get("rule"))):
+        out.print(f"decision rule{'s' if len(rules) > 1 else ''}: {'; '.join(rules)}")

@@ -67,6 +67,7 @@ def serve(
 
     setup_logging()
     check_bind(host, no_auth, public)
+    check_port(host, port)
     keys = None if no_auth else load_api_keys(api_keys)
     service = ServiceConfig(
         max_texts=max_texts,
@@ -96,6 +97,23 @@ def serve(
     else:
         console.print(f"accepting {len(keys)} API key(s)")
     run(app, host, port, max_connections)
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail before loading anything, and before announcing the URL, when ``host:port`` cannot be bound."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ValueError(f"--host {host}: cannot resolve it ({err})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
 
 
 def build_app(model: str, key: Path | list[Path], config, service, keys, **load):

@@ -20,7 +20,6 @@ for it (the null spread of the mean LLR shrinks with length).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,6 @@ from openstamp.corpus import load_documents, split_documents
 from openstamp.detect.rates import clopper_pearson, threshold_at_fpr
 from openstamp.key.key import WatermarkKey
 from openstamp.model.text import encode
-from openstamp.storage import atomic_write_json, read_json
 
 DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
 
@@ -108,11 +106,10 @@ def length_record(scores: np.ndarray, p_values: np.ndarray | None, alphas=DEFAUL
 
 
 def store_calibration(key_dir: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Write the calibration into the key's metadata (an atomic rewrite of key.json)."""
-    path = Path(key_dir) / "key.json"
-    header = read_json(path, "key file")
-    header["calibration"] = record
-    atomic_write_json(path, header)
+    """Write the calibration into the key's metadata (an atomic rewrite of key.json, whose checksum covers it)."""
+    key = WatermarkKey.load(key_dir)
+    key.meta["calibration"] = record
+    key.write_header(key_dir)
 
 
 def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude: set[str]) -> list[str]:

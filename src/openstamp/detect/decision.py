@@ -71,6 +71,8 @@ def decide(
         detectors.update(centred_llr=statistic / n, permutation_z=z, permutation_p=p_value)
         test = PERMUTATION_TEST.format(k=len(perms))
     score = detectors["llr"]
+    if not all(math.isfinite(detectors[k]) for k in ("llr", "centred_llr") if k in detectors):
+        return not_finite(item, n, detectors)
     band = length_band(key, n)
     threshold = fixed_threshold(key, config)
     if config.calibrated and config.threshold is None and band is not None:
@@ -92,6 +94,17 @@ def decide(
         detectors=detectors,
         truncated=item.truncated,
         length_band=band,
+    )
+
+
+def not_finite(item: Item, n: int, detectors: dict) -> DetectionResult:
+    """The result of a text whose statistic is NaN or infinite: no score, no p-value and no decision."""
+    return DetectionResult(
+        status="not_finite",
+        n_tokens=n,
+        rule="the LLR is not finite (NaN or inf): the model's head or hidden states hold non-finite values",
+        detectors={k: v for k, v in detectors.items() if k != "permutation_p"},  # that p-value ranks a NaN
+        truncated=item.truncated,
     )
 
 

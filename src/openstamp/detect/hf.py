@@ -27,7 +27,7 @@ class WatermarkDetectorOutput(_HFOutput):
     Args:
         llr (np.ndarray of shape (batch_size)): mean per-token LLR, OpenStamp's score.
         test (np.ndarray of shape (batch_size), object): the test behind each ``p_value``.
-        status (np.ndarray of shape (batch_size), object): ``ok`` or ``too_short`` (then NaN scores).
+        status (np.ndarray of shape (batch_size), object): ``ok``, ``too_short`` or ``not_finite`` (then NaN scores).
 
     ``z_score`` is the centred LLR's z against its permutation distribution, ``p_value`` the
     permutation p-value (refined by the tail bound below its floor), ``confidence`` 1 - p_value,

@@ -13,7 +13,8 @@ class DetectionResult:
     """One text's detection.
 
     Attributes:
-        status: ``ok``, or ``too_short`` (fewer scored tokens than the minimum; no score).
+        status: ``ok``, ``too_short`` (fewer scored tokens than the minimum; no score), or ``not_finite`` (the
+            statistic is NaN or infinite, from a corrupt checkpoint; no score, p-value or decision).
         n_tokens: tokens scored (the completion only, never the prompt).
         score: mean per-token LLR (the paper's length-normalised score).
         p_value: p-value of ``test`` (valid when the text is independent of the key).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,6 +32,9 @@ from openstamp.storage import atomic_directory, atomic_write_json, read_json
 KEY_FORMAT = 2  # 2: key_id covers the header's numbers, and a checksum covers the model record
 CENTRED_FORMAT = 3  # 3: a centred key (a ``centring`` tensor), which earlier versions must refuse
 READS_FORMATS = (1, 2, 3)
+# 2: the checksum covers the whole header (calibration and config included); keys without the field (1) were
+# written before, and their checksum covers only the model record: they load with a warning
+CHECKSUM_VERSION = 2
 REQUIRED = ("format", "key_id", "prf_version", "gamma", "delta", "n_lists", "hidden_size", "vocab_size")
 
 
@@ -114,12 +118,19 @@ class WatermarkKey:
         """Format 1's id: the secret and the factors only."""
         return self._factor_digest(b"openstamp/key-id/v1").hexdigest()[:16]
 
-    def checksum(self) -> str:
-        """sha256 of the key id and the model record (source, tied-head mode, fingerprints, and a backbone
-        repair where there was one: a key that loses it would let detectors stand the original in for the release)."""
-        record = {k: self.meta.get(k) for k in ("model", "fingerprint")}
-        if "repair" in self.meta:  # absent from keys without one, whose checksums stay as they were
-            record["repair"] = self.meta["repair"]
+    def checksum(self, version: int = CHECKSUM_VERSION) -> str:
+        """sha256 of the key id and the header's other fields.
+
+        Version 2 covers every field of ``meta``: the calibration and config change decisions, and an edit
+        to any of them must be refused. Version 1 (keys written before the field existed) covered the
+        model record only (source, tied-head mode, fingerprints, and a backbone repair where there was one).
+        """
+        if version >= 2:
+            record = dict(self.meta)
+        else:
+            record = {k: self.meta.get(k) for k in ("model", "fingerprint")}
+            if "repair" in self.meta:  # absent from keys without one, whose checksums stay as they were
+                record["repair"] = self.meta["repair"]
         return hashlib.sha256(json.dumps([self.key_id, record], sort_keys=True).encode()).hexdigest()
 
     @cached_property
@@ -189,8 +200,13 @@ class WatermarkKey:
             "projection": self.projection is not None,
             "never_green": self.never_green,
             **self.meta,
+            "checksum_version": CHECKSUM_VERSION,
             "checksum": self.checksum(),
         }
+
+    def write_header(self, directory: str | os.PathLike) -> None:
+        """Rewrite key.json atomically from this key (after ``meta`` changed: a calibration), with a fresh checksum."""
+        atomic_write_json(Path(directory) / "key.json", self._header())
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> WatermarkKey:
@@ -225,7 +241,11 @@ class WatermarkKey:
         for what in needed:
             if what not in tensors:
                 raise InvalidKeyError(f"{directory / 'key.safetensors'} lacks the {what} tensor")
-        meta = {k: v for k, v in header.items() if k not in {*REQUIRED, "projection", "never_green", "checksum"}}
+        version = header.get("checksum_version", 1)
+        if fmt >= 2 and (type(version) is not int or not 1 <= version <= CHECKSUM_VERSION):
+            raise InvalidKeyError(f"{directory / 'key.json'} has checksum_version {version!r}; this version reads 1-2")
+        skip = {*REQUIRED, "projection", "never_green", "checksum", "checksum_version"}
+        meta = {k: v for k, v in header.items() if k not in skip}
         try:
             key = cls(
                 secret=(directory / "secret").read_bytes(),
@@ -247,6 +267,13 @@ class WatermarkKey:
                 f"key {directory}: key.json does not match the secret and factors (key id differs; "
                 "were gamma, delta, vocab_size, never_green or a tensor edited?)"
             )
-        if fmt >= 2 and key.checksum() != header["checksum"]:
-            raise InvalidKeyError(f"key {directory}: the model record or fingerprints in key.json were edited")
+        if fmt >= 2 and key.checksum(version) != header["checksum"]:
+            edited = " was edited" if version >= 2 else "'s model record or fingerprints were edited"
+            raise InvalidKeyError(f"key {directory}: key.json{edited} (its checksum does not match)")
+        if version < CHECKSUM_VERSION and {"calibration", "config"} & set(meta):
+            logging.getLogger(__name__).warning(
+                "key %s was written by an older OpenStamp: its checksum does not cover its calibration or config, "
+                "so an edit to them goes unnoticed; re-save it (openstamp calibrate rewrites it) to cover them",
+                directory,
+            )
         return key

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.assets import PACKAGED_MODELS, PackagedModel, cache_root, gguf_path, sha256_file
@@ -168,6 +169,8 @@ def load_model(
     except OSError as err:
         where = "the Hugging Face hub" if path == spec and not Path(spec).exists() else path
         raise ModelNotFoundError(f"could not load model {spec!r} from {where}: {err}") from err
+    except SafetensorError as err:  # a truncated or corrupt weights file: one line, as the audit says it
+        raise ValueError(f"could not load model {spec!r}: its safetensors weights are not readable: {err}") from err
     if device_map is None:
         model.to(resolve_device(device))
     model.eval()

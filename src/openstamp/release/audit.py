@@ -84,7 +84,7 @@ def check_key_material(ckpt: Checkpoint, key: WatermarkKey | None) -> list[Findi
             findings.append(Finding("medium", "openstamp file", f"{rel} is OpenStamp-specific"))
         if file.suffix in TEXT_SUFFIXES and file.name not in KEY_FILES:
             findings += _text_file(ckpt, file)
-    suspicious = [n for n in ckpt.index if KEY_TENSOR.search(n)]
+    suspicious = sorted({ckpt.names[n] for n in ckpt.index if KEY_TENSOR.search(ckpt.names[n])})
     if suspicious:
         findings.append(Finding("high", "key material", "tensors named like key material", suspicious))
     for rel, meta in ckpt.metadata.items():
@@ -209,25 +209,66 @@ def check_fingerprint(ckpt: Checkpoint, key: WatermarkKey) -> list[Finding]:
                 f"{name} has shape {tuple(weight.shape)}; the key is for ({key.vocab_size}, {key.hidden_size})",
             )
         ]
-    digest, dtype = tensor_sha256(weight), str(weight.dtype).removeprefix("torch.")
-    recorded = key.meta.get("fingerprint", {})
-    if recorded.get("watermarked", {}).get(dtype) == digest:
-        return [Finding("info", "fingerprint", f"{name} carries the watermark of key {key.key_id}")]
-    if recorded.get("original", {}).get(dtype) == digest:
+    copies = _fingerprint_copies(ckpt, key, name)
+    which = _fingerprint(weight, key)
+    if which == "watermarked":
+        return [Finding("info", "fingerprint", f"{name} carries the watermark of key {key.key_id}"), *copies]
+    if which == "original":
         return [
             Finding(
                 "high",
                 "fingerprint",
                 f"{name} is the original, unwatermarked head of key {key.key_id}: this release carries no watermark",
-            )
+            ),
+            *copies,
         ]
+    dtype = str(weight.dtype).removeprefix("torch.")
     return [
         Finding(
             "medium",
             "fingerprint",
             f"{name} ({dtype}) matches neither the watermarked nor the original "
             f"head of key {key.key_id}: another model, or modified after watermarking",
+        ),
+        *copies,
+    ]
+
+
+def _fingerprint(weight: torch.Tensor, key: WatermarkKey) -> str | None:
+    """Which of the key's recorded heads ``weight`` is: "watermarked", "original", or None (neither)."""
+    digest, dtype = tensor_sha256(weight), str(weight.dtype).removeprefix("torch.")
+    recorded = key.meta.get("fingerprint", {})
+    return next((w for w in ("watermarked", "original") if recorded.get(w, {}).get(dtype) == digest), None)
+
+
+def _fingerprint_copies(ckpt: Checkpoint, key: WatermarkKey, head: str) -> list[Finding]:
+    """High for every other tensor that is the key's original head U (a backup file, a spare tensor); the input
+    embeddings beside a separate lm_head are :func:`check_tied`'s."""
+    pair = {head, ckpt.embed_name() if ckpt.head_name() else None}
+    findings = []
+    for name in sorted(n for n in ckpt.index if n not in pair and ckpt.shape(n) == (key.vocab_size, key.hidden_size)):
+        if _fingerprint(ckpt.tensor(name), key) == "original":
+            findings.append(
+                Finding(
+                    "high",
+                    "copy of U",
+                    f"{name} is the original, unwatermarked head of key {key.key_id}: the release holds U, "
+                    "so U~ - U exposes the watermark",
+                )
+            )
+    return findings
+
+
+def check_unloaded(ckpt: Checkpoint) -> list[Finding]:
+    """Medium for each safetensors file the model does not load: its tensors ship but nothing checks their use."""
+    return [
+        Finding(
+            "medium",
+            "unloaded weights",
+            f"{ckpt.rel(f)} is not loaded by the model (not model.safetensors or in its index): "
+            "its tensors are audited under their file's name; remove it if it has no purpose",
         )
+        for f in ckpt.unloaded
     ]
 
 
@@ -370,6 +411,7 @@ def audit(
         raise ValueError(f"{checkpoint} holds no safetensors weights to audit (audit a .gguf file by its path)")
     key = WatermarkKey.load(key_dir) if key_dir is not None else None
     findings = check_key_material(ckpt, key) + check_disclosure(ckpt, key) + check_tied(ckpt, key, near_cosine)
+    findings += check_unloaded(ckpt)
     if key is not None:
         findings += check_fingerprint(ckpt, key)
     base_ckpt = None

@@ -52,12 +52,20 @@ class Checkpoint:
         self.files = sorted(p for p in self.path.rglob("*") if p.is_file())
         config = self.path / "config.json"
         self.config = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+        # every tensor of every file, by name; a tensor in a file the model does not load, or whose name an
+        # earlier file already holds, by "file:name", so that nothing shadows anything
         self.index: dict[str, Path] = {}
+        self.names: dict[str, str] = {}  # index entry -> the tensor's name inside its file
         self.metadata: dict[str, dict[str, str]] = {}
-        for file in (f for f in self.files if f.suffix == ".safetensors"):
+        weights = [f for f in self.files if f.suffix == ".safetensors"]
+        self.unloaded = [f for f in weights if f not in loaded_files(self.path, weights)]
+        for file in sorted(weights, key=lambda f: f in self.unloaded):  # the loaded files first
             try:
                 with safe_open(str(file), "pt") as handle:
-                    self.index.update(dict.fromkeys(handle.keys(), file))
+                    for name in handle.keys():
+                        shadowed = file in self.unloaded or name in self.index
+                        entry = f"{self.rel(file)}:{name}" if shadowed else name
+                        self.index[entry], self.names[entry] = file, name
                     self.metadata[self.rel(file)] = handle.metadata() or {}
             except SafetensorError as err:
                 raise ValueError(f"{file} is not a readable safetensors file: {err}") from err
@@ -74,6 +82,7 @@ class Checkpoint:
         self.files, self.config = [self.path], {}
         self.gguf = {t.name: t for t in reader.tensors}
         self.index = dict.fromkeys(self.gguf, self.path)
+        self.names, self.unloaded = {n: n for n in self.gguf}, []
         self.fields = {k: _plain(f.contents()) for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
         self.metadata = {self.path.name: {k: str(v) for k, v in self.fields.items()}}
         # the checks read the unembedding and the embeddings several times each: dequantize each once
@@ -92,13 +101,13 @@ class Checkpoint:
         if self.gguf is not None:
             return self._dequantized(name)
         with safe_open(str(self.index[name]), "pt") as handle:
-            return handle.get_tensor(name)
+            return handle.get_tensor(self.names[name])
 
     def shape(self, name: str) -> tuple[int, ...]:
         if self.gguf is not None:  # GGUF lists dimensions innermost first
             return tuple(int(n) for n in reversed(self.gguf[name].shape.tolist()))
         with safe_open(str(self.index[name]), "pt") as handle:
-            return tuple(handle.get_slice(name).get_shape())
+            return tuple(handle.get_slice(self.names[name]).get_shape())
 
     def blocks(self, name: str, rows: int = 8192) -> Iterator[torch.Tensor]:
         """Row blocks of a 2-D tensor, read lazily (a GGUF tensor is dequantized whole first)."""
@@ -107,7 +116,7 @@ class Checkpoint:
             yield from (whole[start : start + rows] for start in range(0, len(whole), rows))
             return
         with safe_open(str(self.index[name]), "pt") as handle:
-            view = handle.get_slice(name)
+            view = handle.get_slice(self.names[name])
             for start in range(0, view.get_shape()[0], rows):
                 yield view[start : start + rows]
 
@@ -126,11 +135,27 @@ class Checkpoint:
         return next((n for n in HEAD_NAMES if n in self.index), None)
 
     def embed_name(self) -> str | None:
-        return next((n for n in sorted(self.index, key=len) if n.endswith(EMBED_SUFFIXES)), None)
+        loaded = (n for n in sorted(self.index, key=len) if self.names[n] == n)  # not an unloaded file's
+        return next((n for n in loaded if n.endswith(EMBED_SUFFIXES)), None)
 
     def unembedding(self) -> str | None:
         """The tensor the logits come from: lm_head, or the input embeddings when tied."""
         return self.head_name() or self.embed_name()
+
+
+def loaded_files(path: Path, weights: list[Path]) -> set[Path]:
+    """The safetensors files ``from_pretrained`` reads: those of model.safetensors.index.json's weight map, else
+    model.safetensors; where neither is there (an adapter, another layout), every file at the top level."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
+        except (ValueError, AttributeError) as err:
+            raise ValueError(f"{index} is not a readable weight map: {err}") from err
+        return {path / str(f) for f in weight_map.values()}
+    if (path / "model.safetensors").is_file():
+        return {path / "model.safetensors"}
+    return {f for f in weights if f.parent == path}
 
 
 def _plain(value: Any) -> Any:

@@ -94,7 +94,10 @@ class DetectItem(BaseModel):
     """One text's detection: the library's DetectionResult, plus its index in the request."""
 
     index: int = Field(description="position of the text in the request")
-    status: str = Field(description="ok, or too_short (fewer scored tokens than the minimum; no score)")
+    status: str = Field(
+        description="ok, too_short (fewer scored tokens than the minimum; no score) or not_finite (a NaN or infinite "
+        "statistic: no score, p-value or decision)"
+    )
     n_tokens: int = Field(description="tokens scored (the text only, never the prompt)")
     score: float | None = Field(description="mean per-token LLR")
     p_value: float | None = Field(description="p-value of `test`")
