@@ -23,6 +23,7 @@ from common import (
     RESULTS,
     TPR,
     default_method,
+    exact,
     on_current_default,
     pct,
     rate,
@@ -176,6 +177,24 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
     return table(header, rows)
 
 
+def fpr_product_path(root: Path, name: str = "fpr_product_path") -> list[str]:
+    """Per-key FPR of re-tied releases scored as ``openstamp detect`` scores, on the release's backbone and the
+    base's (``benchmarks/fpr/product_path_fpr.py``); the pooled rate with its exact interval."""
+    rows = []
+    for path, by_source in read(root / f"{name}.json")["paths"].items():
+        for source, by_alpha in by_source.items():
+            for alpha, f in by_alpha.items():
+                n = f["n_texts"] * f["n_keys"]
+                rows.append(
+                    [f"{SOURCES.get(source, source)}, {path} backbone", alpha, exact(round(f["pooled_fpr"] * n), n)]
+                    + [f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}", f"{f['keys_above_band_significantly']}"]
+                    + [f"{f['n_keys']} x {f['n_texts']}", f"{f['dispersion_p']:.3f}"]
+                )
+    header = ["source, path", "alpha", "pooled FPR [95% CI]", "median per key", "max per key"]
+    header += ["keys surely above 2a", "keys x texts", "spread p"]
+    return table(header, rows)
+
+
 def tail_check(root: Path) -> list[str]:
     """The tail bound against 10^5 permutations and against fresh keys, per key checked (tail_check*.json)."""
     rows = []
@@ -271,6 +290,7 @@ TABLES = {
     "fpr_per_key": fpr_per_key,
     "fpr_per_key_default": partial(fpr_per_key, name="fpr_per_key_default"),
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
+    "fpr_product_path": fpr_product_path,
     "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,

@@ -170,8 +170,7 @@ def test_service_pool_gives_one_result(release):
         body = client.post("/v1/detect", json={"texts": texts, "pool": True}).json()
         (result,) = body["results"]
         expected = detector.detect_pool(texts).to_dict()
-        expected.pop("backbone")  # not part of the API's result item
-        assert result == {"index": 0, **expected}
+        assert result == {"index": 0, **expected} and result["backbone"] == detector.backbone
         assert result["n_texts"] == 2 and result["n_tokens"] > 10
         single = client.post("/v1/detect", json={"texts": texts}).json()["results"]
         assert len(single) == 2 and "n_texts" not in single[0]
