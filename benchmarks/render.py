@@ -23,7 +23,6 @@ from common import (
     RESULTS,
     TPR,
     default_method,
-    exact,
     on_current_default,
     pct,
     rate,
@@ -180,13 +179,21 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
 def fpr_product_path(root: Path, name: str = "fpr_product_path") -> list[str]:
     """Per-key FPR of re-tied releases scored as ``openstamp detect`` scores, on the release's backbone and the
     base's (``benchmarks/fpr/product_path_fpr.py``); the pooled rate with its exact interval."""
+    from openstamp.detect.rates import clopper_pearson
+
     rows = []
     for path, by_source in read(root / f"{name}.json")["paths"].items():
         for source, by_alpha in by_source.items():
             for alpha, f in by_alpha.items():
                 n = f["n_texts"] * f["n_keys"]
+                hits = round(f["pooled_fpr"] * n)
+                low, high = clopper_pearson(hits, n)
                 rows.append(
-                    [f"{SOURCES.get(source, source)}, {path} backbone", alpha, exact(round(f["pooled_fpr"] * n), n)]
+                    [
+                        f"{SOURCES.get(source, source)}, {path} backbone",
+                        alpha,
+                        f"{hits / n:.4f} [{low:.4f}, {high:.4f}]",
+                    ]
                     + [f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}", f"{f['keys_above_band_significantly']}"]
                     + [f"{f['n_keys']} x {f['n_texts']}", f"{f['dispersion_p']:.3f}"]
                 )
