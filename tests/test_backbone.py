@@ -76,3 +76,17 @@ def test_detect_takes_the_base_on_the_command_line(retied, tied_dir):
     result = CliRunner().invoke(app, [*args, "--base", str(tied_dir), "--quiet", "--text", text])
     assert result.exit_code == 0, result.output
     assert '"backbone": "original"' in result.stdout
+
+
+def test_the_service_takes_the_base_too(retied, tied_dir):
+    from fastapi.testclient import TestClient
+
+    from openstamp.cli.serve import build_app
+    from openstamp.service import ServiceConfig
+
+    config = DetectConfig(min_tokens=4)
+    app = build_app(str(retied / "model"), retied / "key", config, ServiceConfig(), None, base=str(tied_dir))
+    text = "the river city council voted on a new plan for public parks and schools while farmers reported rain"
+    with TestClient(app) as client:
+        (result,) = client.post("/v1/detect", json={"texts": [text]}).json()["results"]
+    assert result["backbone"] == "original"

@@ -19,6 +19,9 @@ from openstamp.cli.common import (
 @friendly_errors
 def serve(
     model: str = typer.Option(..., "--model", "-m", help="the watermarked checkpoint (or the original model)"),
+    base: str | None = typer.Option(
+        None, help="the original model beside the release: its backbone reads the texts (the exact p-value path)"
+    ),
     key: list[Path] = typer.Option(
         ...,
         "--key",
@@ -91,7 +94,7 @@ def serve(
         batch_size=max_batch,
         n_permutations=permutations,
     )
-    app = build_app(model, key, config, service, keys, dtype=dtype, device=device, cache_dir=cache_dir)
+    app = build_app(model, key, config, service, keys, dtype=dtype, device=device, cache_dir=cache_dir, base=base)
     if keys is None:
         console.print(f"[yellow]anonymous access: anyone who can reach {host}:{port} can use the detector[/]")
     else:
