@@ -274,19 +274,12 @@ def detect(
         from openstamp.provenance.receipt import write_detect_receipt
 
         write_detect_receipt(receipt, signing_key, model, key, records, conversations if messages else texts)
-    lines = "".join(json.dumps(r) + "\n" for r in records)
-    if output is not None:
-        atomic_write_text(output, lines)
-    elif sys.stdout.isatty():
-        print_table(records)
-    else:
-        sys.stdout.write(lines)
+    write_records(records, output)
 
 
 def detect_pools(input, text, group_by, dedupe, model, key, base, config, output, dtype, device, cache_dir, quiet):
     """--pool / --group-by: one pooled result (``Detector.detect_pool``) for the input, or for each group."""
     from openstamp.detect.multikey import load_detector
-    from openstamp.storage import atomic_write_text
 
     if model is None or not key:
         raise ValueError("give --model and --key to detect a pool")
@@ -307,6 +300,13 @@ def detect_pools(input, text, group_by, dedupe, model, key, base, config, output
             [texts[i] for i in rows], [prompts[i] for i in rows], dedupe=dedupe, progress=not quiet and len(rows) > 8
         )
         records.append({"id": name, **result.to_dict()})
+    write_records(records, output)
+
+
+def write_records(records: list[dict], output: Path | None) -> None:
+    """JSON lines into ``output`` (atomically), else a table on a terminal, else JSON lines on stdout."""
+    from openstamp.storage import atomic_write_text
+
     lines = "".join(json.dumps(r) + "\n" for r in records)
     if output is not None:
         atomic_write_text(output, lines)

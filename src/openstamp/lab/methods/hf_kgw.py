@@ -19,7 +19,6 @@ Where they differ (transformers' choices, kept):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,23 +29,17 @@ from transformers import LogitsProcessor, WatermarkDetector, WatermarkingConfig
 from openstamp.config import option
 from openstamp.lab.methods.base import Carrier, MethodScore, WatermarkMethod, register
 from openstamp.lab.methods.common import load_key, method_secret, save_key
+from openstamp.lab.methods.kgw import KGWConfig
 from openstamp.model.patch import head
 from openstamp.model.text import encode
 
 
 @dataclass(frozen=True, kw_only=True)
-class HFKGWConfig:
+class HFKGWConfig(KGWConfig):
+    """Our KGW's settings and checks, read as transformers' ``WatermarkingConfig`` reads them."""
+
     delta: float = option(1.5, "transformers' bias: added to the green logits at every step (the swept strength)")
     gamma: float = option(0.25, "transformers' greenlist_ratio: the green share of the vocabulary")
-    min_tokens: int = option(16, "texts with fewer scored tokens get no score")
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.delta) and self.delta > 0):
-            raise ValueError(f"delta must be positive, got {self.delta}")
-        if not 0.0 < self.gamma < 1.0:
-            raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
-        if self.min_tokens < 1:
-            raise ValueError(f"min_tokens must be at least 1, got {self.min_tokens}")
 
 
 def watermarking_config(hashing_key: int, cfg: HFKGWConfig) -> WatermarkingConfig:
