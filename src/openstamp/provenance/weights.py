@@ -107,11 +107,15 @@ def weights_test(
     )
 
 
-def permutation_pvalue(cross: torch.Tensor, statistic: float, key: WatermarkKey, n_permutations: int) -> float:
-    """(1 + #{T_pi >= T}) / (K + 1), T_pi = delta sum_l cross[pi(l), l]. cross: G^T C, fp64 (L, L)."""
+def permutation_pvalue(
+    cross: torch.Tensor, statistic: float, key: WatermarkKey, n_permutations: int, perms: torch.Tensor | None = None
+) -> float:
+    """(1 + #{T_pi >= T}) / (K + 1), T_pi = delta sum_l cross[pi(l), l]. cross: G^T C, fp64 (L, L). ``perms``: the
+    key's K permutations (K, L) when the caller already drew them (many suspects, one key)."""
     if n_permutations < 1:
         raise ValueError("the permutation test needs at least one permutation")
-    perms = permutations(key.secret, key.n_lists, n_permutations)  # (K, L)
+    if perms is None:
+        perms = permutations(key.secret, key.n_lists, n_permutations)  # (K, L)
     lists = torch.arange(key.n_lists)
     permuted = key.delta * cross[perms, lists[None, :]].sum(-1)  # (K,)
     # ties within rounding count as reaching T (conservative): the base itself gives T = T_pi = 0 exactly
