@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import completion_auroc
-from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 from gguf import GGMLQuantizationType as T
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    LlamaConfig,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -30,7 +31,7 @@ from openstamp.release.gguf_export import export_gguf, tensor_type
 from openstamp.release.gguf_quants import encode, roundtrip
 
 runner = CliRunner()
-CODECS = (T.Q8_0, T.Q6_K, T.Q5_0, T.Q4_K, T.Q4_0)  # finest to coarsest, as llama.cpp ranks them
+CODECS = (T.Q8_0, T.Q6_K, T.Q5_0, T.Q4_K, T.Q4_0, T.Q3_K, T.Q2_K)  # finest to coarsest, as llama.cpp ranks them
 
 
 def weights(rows=48, cols=512, seed=0) -> np.ndarray:
@@ -57,7 +58,8 @@ def test_encoders_write_blocks_that_llama_cpp_decodes(qtype):
     # per block, the error is at most one quantization step of that block's range
     blocks, got = w[2:].reshape(-1, block), back[2:].reshape(-1, block)
     spread = blocks.max(axis=1) - np.minimum(blocks.min(axis=1), 0)
-    levels = {T.Q8_0: 127, T.Q6_K: 31, T.Q5_0: 15, T.Q4_K: 15, T.Q4_0: 7}[qtype]
+    # Q2_K's fit minimises the absolute error, so it may clip a block's extremes by more than half a step
+    levels = {T.Q8_0: 127, T.Q6_K: 31, T.Q5_0: 15, T.Q4_K: 15, T.Q4_0: 7, T.Q3_K: 4, T.Q2_K: 2.5}[qtype]
     assert np.all(np.abs(got - blocks).max(axis=1) <= 1.05 * np.abs(blocks).max(axis=1) / levels + 1e-3 * spread)
 
 
@@ -65,12 +67,18 @@ def test_error_ranks_like_llama_cpps_types():
     w = weights(64, 1024, seed=1)[2:]
     errors = [relative_error(q, w) for q in CODECS]
     assert errors == sorted(errors), dict(zip([q.name for q in CODECS], errors, strict=True))
-    assert errors[0] < 0.01 and errors[-1] < 0.12  # 8-bit well under 1%, 4-bit around 5-10% on Gaussians
+    assert errors[0] < 0.01 and errors[CODECS.index(T.Q4_0)] < 0.12  # 8-bit well under 1%, 4-bit 5-10% on Gaussians
+    assert errors[-1] < 0.35  # 2-bit (Q2_K): around 30%
 
 
 # sha256 of the bytes llama.cpp writes for golden_input(): ggml-quants.c (quantize_q4_K, quantize_q6_K, ...,
-# no importance matrix) as vendored in llama-cpp-python 0.3.36, built with gcc -O2 on x86-64
+# no importance matrix) as vendored in llama-cpp-python 0.3.36, built with gcc -O2 on x86-64. Q2_K and Q3_K: a
+# harness linking that ggml-quants.c (gcc 12 -O2 -ffp-contract=off -DNDEBUG, x86-64) called
+# quantize_q2_K / quantize_q3_K(golden_input(), dst, 24, 512, NULL) (= quantize_row_q2_K_ref / _q3_K_ref); the
+# same harness reproduced the Q4_K and Q6_K hashes below
 LLAMA_CPP_SHA256 = {
+    T.Q2_K: "6ccc94b4b699127cdc7549f7ff1820211e79889a148a72891ad5ae95b6b14473",
+    T.Q3_K: "48dec3d5d9b647d111741ee84974c860bd8af20a0390264a419ca9a3260f49c0",
     T.Q4_K: "e7280ece203f175424f03a81beb2ffd2d8980c41c2d2ff46709198608ed1104e",
     T.Q6_K: "966a9030718db78b2d42ddadbcfdd0f70a1ba0265dce3f7ded4f995415faba62",
     T.Q8_0: "788cd4e33f8aaf1f810765abea815c07b1fc49da2fec1d8d8cc5005116b6321d",
@@ -96,8 +104,28 @@ def test_encoders_match_llama_cpp_byte_for_byte(qtype, monkeypatch):
 
 
 def test_k_quant_rows_must_fill_superblocks():
-    with pytest.raises(ValueError, match="multiple of 256"):
-        encode(np.ones((2, 96), np.float32), T.Q4_K)
+    for qtype in (T.Q4_K, T.Q2_K):
+        with pytest.raises(ValueError, match="multiple of 256"):
+            encode(np.ones((2, 96), np.float32), qtype)
+
+
+def test_q2_k_block_layout():
+    """84 bytes per 256 weights: 16 scale bytes (scale in the low nibble, min in the high), 64 bytes of 2-bit
+    codes (byte l of each 32 holds weights l, l + 32, l + 64, l + 96 of its half), fp16 d, fp16 dmin."""
+    w = weights(8, 768, seed=2)
+    data = encode(w, T.Q2_K)
+    assert GGML_QUANT_SIZES[T.Q2_K] == (256, 84) and data.shape == (8, 3 * 84)
+    blocks = data.reshape(-1, 84)
+    scales, qs = blocks[:, :16], blocks[:, 16:80]
+    d, dmin = blocks[:, 80:84].copy().view(np.float16).astype(np.float32).T[:, :, None, None]
+    codes = (qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (block, half, shift, l)
+    codes = codes.reshape(-1, 16, 16).astype(np.float32)  # (block, sub-block, weight)
+    sc, m = (scales & 0xF).astype(np.float32), (scales >> 4).astype(np.float32)
+    ours = d * sc[:, :, None] * codes - dmin * m[:, :, None]
+    np.testing.assert_allclose(ours.reshape(w.shape), quants.dequantize(data, T.Q2_K), rtol=0, atol=1e-6)
+    live = np.abs(w.reshape(-1, 256)).max(axis=1) > 0
+    assert np.all(sc.max(axis=1)[live] == 15)  # the largest sub-block scale sets d = max / 15
+    assert np.all(blocks[~live] == 0)  # an all-zero block is all zero bytes
 
 
 def test_types_follow_llama_quantize():
@@ -117,6 +145,19 @@ def test_types_follow_llama_quantize():
     assert kind("output.weight", (5000, 1024), "q8_0") == T.Q8_0
     assert kind("output.weight", (5000, 1024), "q4_0") == T.Q6_K
     assert kind("blk.3.ffn_up.weight", (2816, 1024), "f16") == T.F16
+    # q2_k: llama.cpp keeps attn_v (Q4_K with n_gqa >= 4, else Q3_K), ffn_down and attn_output at more bits
+    assert kind("blk.5.attn_q.weight", (1024, 1024), "q2_k") == T.Q2_K
+    assert kind("blk.5.ffn_up.weight", (2816, 1024), "q2_k") == T.Q2_K
+    assert kind("token_embd.weight", (5000, 1024), "q2_k") == T.Q2_K
+    assert kind("blk.5.attn_v.weight", (256, 1024), "q2_k") == T.Q3_K
+    assert tensor_type("blk.5.attn_v.weight", (256, 1024), "q2_k", 32, True, n_gqa=4) == T.Q4_K
+    assert kind("blk.5.ffn_down.weight", (1024, 2816), "q2_k") == T.Q3_K
+    assert kind("blk.5.attn_output.weight", (1024, 1024), "q2_k") == T.Q3_K
+    assert kind("output.weight", (5000, 1024), "q2_k") == T.Q6_K
+    assert kind("token_embd.weight", (5000, 1024), "q2_k", has_output=False) == T.Q6_K
+    assert kind("blk.5.attn_q.weight", (576, 576), "q2_k") == T.Q4_0  # Q2_K and Q3_K fall back to Q4_0
+    assert kind("blk.5.attn_output.weight", (576, 576), "q2_k") == T.Q4_0
+    assert kind("output.weight", (5000, 576), "q2_k") == T.Q8_0
     with pytest.raises(ValueError, match="unknown GGUF type"):
         kind("output.weight", (8, 256), "q3_k")
 
@@ -215,6 +256,43 @@ def test_other_file_types_load_back(tiny_model_dir, tmp_path, quant, bound):
     for name, param in model.named_parameters():
         error = float((reloaded[name] - param).detach().norm() / param.detach().norm())
         assert error < bound, (name, error)
+
+
+@pytest.mark.parametrize(("tied", "kv_heads", "attn_v"), [(True, 2, "Q3_K"), (False, 1, "Q4_K")])
+def test_q2_k_export_reads_back(tokenizer, tmp_path, tied, kv_heads, attn_v):
+    """A 256-wide model (the tiny ones fall back to Q4_0): llama.cpp's Q2_K mix, readable by gguf and
+    transformers, and the weights the lab's gguf-q2_k attack gives."""
+    from openstamp.lab.attacks.quantizers import quantize_model
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tied)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0, 0.15)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    path = tmp_path / "m.gguf"
+    result = runner.invoke(app, ["export", "gguf", "--model", str(tmp_path), "--out", str(path), "--quant", "Q2_K"])
+    assert result.exit_code == 0, result.output
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    layer = {"attn_q": "Q2_K", "attn_k": "Q2_K", "attn_v": attn_v, "attn_output": "Q3_K", "ffn_gate": "Q2_K",
+             "ffn_up": "Q2_K", "ffn_down": "Q3_K", "attn_norm": "F32", "ffn_norm": "F32"}  # fmt: skip
+    expected = {f"blk.{i}.{part}.weight": kind for i in range(2) for part, kind in layer.items()}
+    expected |= {"output_norm.weight": "F32", "token_embd.weight": "Q6_K" if tied else "Q2_K"}
+    expected |= {} if tied else {"output.weight": "Q6_K"}
+    assert types == expected
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    reloaded = dict(reloaded.named_parameters())
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    info = quantize_model(model, "gguf-q2_k", quantize_head=True)
+    assert info["tensor_types"]["Q2_K"] == 8 + (not tied) and info["tensor_types"]["Q3_K"] == 6 - 2 * (kv_heads == 1)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(reloaded[name], param, rtol=0, atol=1e-7, msg=name)
+        error = float((param.detach() - original[name]).norm() / original[name].norm())
+        assert param.dim() == 1 or 0 < error < 0.4, (name, error)  # Q2_K around 30%, Q3_K 15%, Q6_K 2%
 
 
 def test_the_gguf_metadata_discloses_the_watermark(stamped, tmp_path):

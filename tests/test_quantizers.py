@@ -69,6 +69,16 @@ def test_gguf_recipe_quantizes_the_head_and_the_embeddings(tied, tokenizer):
     assert not torch.equal(model.model.layers[0].mlp.down_proj.weight, before["model.layers.0.mlp.down_proj.weight"])
 
 
+def test_gguf_q2_k_keeps_llama_cpps_higher_types(tokenizer):
+    model = make_model(False, len(tokenizer), hidden=256)  # 256 wide: the K-quants' rows fill their blocks
+    before = snapshot(model)
+    info = quantize_model(model, "gguf-q2_k", quantize_head=True)
+    # per layer q, k, gate, up at Q2_K; v (2 query heads per key/value head), o, down at Q3_K; embeddings Q2_K
+    assert info["tensor_types"] == {"Q2_K": 9, "Q3_K": 6, "Q6_K": 1} and quantizers.BITS["gguf-q2_k"] == 2
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert 0.2 < relative(model.model.layers[0].mlp.up_proj.weight, before[name]) < 0.4  # 2 bits: about 30%
+
+
 def test_a_missing_backend_names_the_extra(tokenizer, monkeypatch):
     monkeypatch.setattr(quantizers, "_find", lambda module: False)
     with pytest.raises(MissingExtraError, match=r"openstamp\[attacks\]"):

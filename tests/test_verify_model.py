@@ -79,11 +79,12 @@ def test_retied_release_counts_the_input_embeddings(retied, tied_dir):
     assert result.p_permutation == floor(WatermarkKey.load(retied / "key"))
 
 
-def test_gguf_export_is_found(release, tmp_path, tokenizer):
+@pytest.mark.parametrize("quant", ["q8_0", "q2_k"])  # q2_k: at this width its matrices fall back to Q4_0 and Q8_0
+def test_gguf_export_is_found(release, tmp_path, tokenizer, quant):
     from openstamp.release.gguf_export import export_gguf
 
     key = WatermarkKey.load(release / "key")
-    export_gguf(release / "model", tmp_path / "m.gguf", "q8_0")
+    export_gguf(release / "model", tmp_path / "m.gguf", quant)
     result = verify_model(tmp_path / "m.gguf", key, key.meta["model"]["source"], n_permutations=K)
     assert result.rows_aligned == len(tokenizer)  # GGUF names the padding rows ([PAD300], ...): they align by string
     assert result.share == pytest.approx(1.0, abs=0.05)

@@ -16,7 +16,9 @@ export_app = typer.Typer(name="export", help="Export a checkpoint to another for
 def gguf(
     model: Path = typer.Option(..., "--model", "-m", help="a Hugging Face checkpoint directory (Llama or Qwen2)"),
     out: Path = typer.Option(..., "--out", help="the .gguf file to write"),
-    quant: str = typer.Option("q4_k_m", help="f32, f16, bf16, q8_0, q6_k, q4_0 or q4_k_m (llama-quantize's recipe)"),
+    quant: str = typer.Option(
+        "q4_k_m", help="f32, f16, bf16, q8_0, q6_k, q4_0, q4_k_m or q2_k (llama-quantize's per-tensor types)"
+    ),
     pre: str | None = typer.Option(
         None,
         help="tokenizer.ggml.pre: llama.cpp's name for the pre-tokenizer (default: qwen2 for Qwen2's tokenizer, "

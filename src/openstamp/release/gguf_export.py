@@ -15,8 +15,11 @@ both architectures, so a ``q4_k_m`` file holds the codes llama.cpp itself would 
   and what ``retie`` releases need: the file holds ``U~`` once and no copy of ``U``.
 * ``q4_k_m`` also gives Q6_K to ``attn_v`` and ``ffn_down`` of layers where
   ``use_more_bits(i, n) = i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2``.
+* ``q2_k`` keeps ``attn_v`` at Q4_K when at least 4 query heads share a key/value head
+  (``n_gqa >= 4``), else at Q3_K, and ``ffn_down`` and ``attn_output`` at Q3_K.
 * A row length that the type's block size does not divide falls back as llama.cpp does:
-  Q4_K -> Q5_0, Q6_K -> Q8_0, anything else -> F16 (SmolLM2-135M's 576 is not a multiple of 256).
+  Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q6_K -> Q8_0, anything else -> F16 (SmolLM2-135M's 576 is
+  not a multiple of 256).
 
 llama-quantize picks the ``use_more_bits`` layers of ``attn_v`` by counting tensors in file order;
 this writer stores layers in order, so the count is the layer index.
@@ -54,9 +57,10 @@ FILE_TYPES = {
     "q6_k": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
     "q4_0": (T.Q4_0, LlamaFileType.MOSTLY_Q4_0),
     "q4_k_m": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "q2_k": (T.Q2_K, LlamaFileType.MOSTLY_Q2_K),
 }
 FLOAT_FILE_TYPES = ("f32", "f16", "bf16")
-FALLBACK = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}
 HF_TO_GGUF = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -96,8 +100,15 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def tensor_type(name: str, shape: tuple[int, ...], file_type: str, n_layers: int, has_output: bool) -> T:
-    """The GGUF type llama.cpp gives tensor ``name`` (GGUF name, HF shape (out, in)) in ``file_type``."""
+def tensor_type(
+    name: str, shape: tuple[int, ...], file_type: str, n_layers: int, has_output: bool, n_gqa: int = 1
+) -> T:
+    """The GGUF type llama.cpp gives tensor ``name`` (GGUF name, HF shape (out, in)) in ``file_type``.
+
+    ``n_gqa`` is query heads per key/value head (llama.cpp's ``n_gqa()``); only ``q2_k`` reads it.
+    Left out of llama.cpp's rules: those for Falcon, for 8-expert models, and the 70B one that
+    raises a Q3_K or Q4_K ``attn_v`` to Q5_K (llama.cpp's ``LLM_TYPE_70B``, the 80-layer Llama).
+    """
     if file_type not in FILE_TYPES:
         raise ValueError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     base = FILE_TYPES[file_type][0]
@@ -115,6 +126,10 @@ def tensor_type(name: str, shape: tuple[int, ...], file_type: str, n_layers: int
     elif file_type == "q4_k_m" and (".attn_v." in name or ".ffn_down." in name):
         if _use_more_bits(int(name.split(".")[1]), n_layers):
             kind = T.Q6_K
+    elif file_type == "q2_k" and ".attn_v." in name:
+        kind = T.Q4_K if n_gqa >= 4 else T.Q3_K
+    elif file_type == "q2_k" and (".ffn_down." in name or ".attn_output." in name):
+        kind = T.Q3_K
     if row % GGML_QUANT_SIZES[kind][0]:
         kind = FALLBACK.get(kind, T.F16)
         if row % GGML_QUANT_SIZES[kind][0]:
@@ -252,6 +267,7 @@ def write_gguf(
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
     os.close(fd)
     counts: dict[str, int] = {}
+    n_gqa = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     try:
         writer = GGUFWriter(tmp, config.model_type)
         _metadata(writer, config, Path(model_dir).name, file_type)
@@ -265,7 +281,7 @@ def write_gguf(
                 data = _permute(data, config.num_attention_heads)
             elif config.model_type == "llama" and name.endswith("attn_k.weight"):
                 data = _permute(data, config.num_key_value_heads)
-            kind = tensor_type(name, data.shape, file_type, config.num_hidden_layers, not tied)
+            kind = tensor_type(name, data.shape, file_type, config.num_hidden_layers, not tied, n_gqa)
             counts[kind.name] = counts.get(kind.name, 0) + 1
             encoded = encode(data, kind)
             writer.add_tensor(name, encoded, raw_dtype=kind if encoded.dtype == np.uint8 else None)

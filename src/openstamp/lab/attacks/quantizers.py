@@ -7,7 +7,7 @@ which ``backend`` produced the weights and, when it is ``simulated``, why.
 * ``int8``, ``nf4``: bitsandbytes' quantizers (``int8_vectorwise_quant``: per-row absmax to
   [-127, 127]; ``quantize_4bit``: QLoRA's NF4 code on blocks of 64), on CPU or CUDA. Simulated in
   plain torch (same codebooks) when bitsandbytes is missing or fails.
-* ``gguf-q8_0``, ``gguf-q4_0``, ``gguf-q4_k_m``: llama.cpp's codecs (``openstamp.release.gguf_quants``)
+* ``gguf-q8_0``, ``gguf-q4_0``, ``gguf-q4_k_m``, ``gguf-q2_k``: llama.cpp's codecs (``openstamp.release.gguf_quants``)
   with ``llama-quantize``'s per-tensor types (``openstamp.release.gguf_export.tensor_type``), applied to
   the input embeddings too, as a GGUF file stores them. Quantizing rows in place gives the same
   weights as exporting and reloading: blocks run along a row, and the Q/K permutation only
@@ -56,11 +56,12 @@ SCHEMES = {
     "gguf-q8_0": "gguf",
     "gguf-q4_0": "gguf",
     "gguf-q4_k_m": "gguf",
+    "gguf-q2_k": "gguf",
     "hqq-4bit": "hqq",
     "quanto-int8": "optimum.quanto",
     "quanto-int4": "optimum.quanto",
 }
-BITS = {"int8": 8, "nf4": 4, "gguf-q8_0": 8, "gguf-q4_0": 4, "gguf-q4_k_m": 4, "hqq-4bit": 4}
+BITS = {"int8": 8, "nf4": 4, "gguf-q8_0": 8, "gguf-q4_0": 4, "gguf-q4_k_m": 4, "gguf-q2_k": 2, "hqq-4bit": 4}
 BITS.update({"quanto-int8": 8, "quanto-int4": 4})
 
 
@@ -163,7 +164,8 @@ def _gguf_role(name: str, is_head: bool, is_embed: bool) -> str:
         return "token_embd.weight"
     layer = re.search(r"layers\.(\d+)\.", name)
     index = layer.group(1) if layer else "0"
-    role = "attn_v" if "v_proj" in name else "ffn_down" if "down_proj" in name else "other"
+    parts = {"v_proj": "attn_v", "down_proj": "ffn_down", "o_proj": "attn_output"}
+    role = next((role for part, role in parts.items() if part in name), "other")
     return f"blk.{index}.{role}.weight"
 
 
@@ -172,7 +174,9 @@ def _gguf_quantize(model: PreTrainedModel, scheme: str, quantize_head: bool) -> 
     """(parameter, quantize-dequantized value) pairs, and how many matrices got each GGUF type."""
     file_type = scheme.removeprefix("gguf-")
     tied, out_w, in_w = is_tied(model), head(model).weight, model.get_input_embeddings().weight
-    n_layers = model.config.get_text_config().num_hidden_layers
+    text_config = model.config.get_text_config()
+    n_layers, n_heads = text_config.num_hidden_layers, text_config.num_attention_heads
+    n_gqa = n_heads // (getattr(text_config, "num_key_value_heads", None) or n_heads)
     done, changed, types = set(), [], {}
     for name, param in model.named_parameters(remove_duplicate=True):
         if param.dim() != 2 or param.data_ptr() in done:
@@ -182,7 +186,7 @@ def _gguf_quantize(model: PreTrainedModel, scheme: str, quantize_head: bool) -> 
         if is_head and not quantize_head:
             continue
         role = _gguf_role(name, is_head and not tied, param is in_w)
-        kind = tensor_type(role, tuple(param.shape), file_type, n_layers, has_output=not tied)
+        kind = tensor_type(role, tuple(param.shape), file_type, n_layers, has_output=not tied, n_gqa=n_gqa)
         types[kind.name] = types.get(kind.name, 0) + 1
         restored = torch.from_numpy(roundtrip(param.detach().float().cpu().numpy(), kind))
         changed.append((param, restored.to(device=param.device, dtype=param.dtype)))
