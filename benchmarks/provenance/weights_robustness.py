@@ -128,27 +128,32 @@ def make_derivatives(args, base, tokenizer, release, key) -> dict[str, dict[str,
     windows = training_windows(tokenizer, news, 128)[: args.train_windows]
     steps = max(1, len(windows) // 8)  # one epoch at batch 8
     found = {"release": matrices(release), "base": matrices(base)}
+    wanted = set(args.attacks.split(","))
 
     def trained(model, mode, seed=0, labels=None, data=None):
         return lambda: matrices(train_copy(model, windows if data is None else data, mode, steps, seed, labels))
 
-    found["lora"] = cache.get("lora", trained(release, "lora"))
-    for seed in range(3):
-        found[f"full-s{seed}"] = cache.get(f"full-s{seed}", trained(release, "full", seed))
-    found["full"] = found["full-s0"]
-    found["wash-3"] = {m: torch.stack([found[f"full-s{s}"][m] for s in range(3)]).mean(0) for m in ("head", "embed")}
-    rows = build_offline_set("wikipedia", len(windows), seed=0)
-    ids, labels = instruction_batches(tokenizer, rows, 128)
-    found["instruct"] = cache.get("instruct", trained(release, "lora", labels=labels, data=ids))
-    found["base-lora"] = cache.get("base-lora", trained(base, "lora"))
+    if "lora" in wanted:
+        found["lora"] = cache.get("lora", trained(release, "lora"))
+        found["base-lora"] = cache.get("base-lora", trained(base, "lora"))
+    if "fine-tune" in wanted:
+        for seed in range(3):
+            found[f"full-s{seed}"] = cache.get(f"full-s{seed}", trained(release, "full", seed))
+        found["full"] = found["full-s0"]
+        found["wash-3"] = {
+            m: torch.stack([found[f"full-s{s}"][m] for s in range(3)]).mean(0) for m in ("head", "embed")
+        }
+        rows = build_offline_set("wikipedia", len(windows), seed=0)
+        ids, labels = instruction_batches(tokenizer, rows, 128)
+        found["instruct"] = cache.get("instruct", trained(release, "lora", labels=labels, data=ids))
 
-    partner_dir = args.out / "models" / "base-full"
-    if not (partner_dir / "config.json").exists():
-        partner = train_copy(base, windows, "full", steps, seed=7)
-        partner.save_pretrained(partner_dir)
-    partner = type(base).from_pretrained(partner_dir, dtype=torch.float32).eval()
-    found["base-full"] = matrices(partner)
-    for how in MERGES:
+    partner, partner_dir = base, args.out / "models" / "base-full"
+    if "fine-tune" in wanted:  # the merges' partner: a full fine-tune of the base, else the base itself
+        if not (partner_dir / "config.json").exists():
+            train_copy(base, windows, "full", steps, seed=7).save_pretrained(partner_dir)
+        partner = type(base).from_pretrained(partner_dir, dtype=torch.float32).eval()
+        found["base-full"] = matrices(partner)
+    for how in MERGES if "merge" in wanted else ():
         for keep in KEEPS:
 
             def merge(how=how, keep=keep, partner=partner):
@@ -158,7 +163,7 @@ def make_derivatives(args, base, tokenizer, release, key) -> dict[str, dict[str,
 
             found[f"{how}-{keep}"] = cache.get(f"{how}-{keep}", merge)
 
-    for pruner in ("magnitude", "wanda"):
+    for pruner in ("magnitude", "wanda") if "prune" in wanted else ():
 
         def prune(pruner=pruner):
             cfg = PruneConfig(pruner=pruner, sparsities=(0.5,), include_head=True)
@@ -168,14 +173,15 @@ def make_derivatives(args, base, tokenizer, release, key) -> dict[str, dict[str,
             return matrices(pruned)
 
         found[f"{pruner}-0.5"] = cache.get(f"{pruner}-0.5", prune)
-    for scheme in QUANTIZERS:
+    for scheme in QUANTIZERS if "quantize" in wanted else ():
         if scheme not in SCHEMES:
             print(f"[derivative] {scheme}: this version's quantizers do not have it; skipped", flush=True)
             continue
 
         def quantize(scheme=scheme):
             quantized = copy.deepcopy(release)
-            quantize_model(quantized, scheme, quantize_head=True)
+            quantized.get_decoder().layers = torch.nn.ModuleList()  # the test reads only lm_head and embeddings:
+            quantize_model(quantized, scheme, quantize_head=True)  # each is quantized alone, as in the full model
             return matrices(quantized)
 
         found[scheme] = cache.get(scheme, quantize)
@@ -188,7 +194,8 @@ def make_derivatives(args, base, tokenizer, release, key) -> dict[str, dict[str,
         head(fresh).weight.data = torch.randn(head(fresh).weight.shape, generator=generator) * std
         return matrices(fresh)
 
-    found["reinit-head"] = cache.get("reinit-head", reinit)
+    if "reinit" in wanted:
+        found["reinit-head"] = cache.get("reinit-head", reinit)
     return found
 
 
@@ -320,6 +327,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/verify_robustness"))
     parser.add_argument("--train-windows", type=int, default=400)
     parser.add_argument("--secrets", type=int, default=1000)
+    parser.add_argument(
+        "--attacks",
+        default="lora,fine-tune,merge,prune,quantize,reinit",
+        help="attack families (without fine-tune, merges take the base itself as partner)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="verify_robustness")
     args = parser.parse_args()
@@ -345,7 +357,11 @@ def main() -> None:
             "key_id": key.key_id,
             "delta": key.delta,
             "tied_head": "retie",
-            "merges": {"with": "a full fine-tune of the base (seed 7)", "density": 0.5, "keeps": KEEPS},
+            "merges": {
+                "with": "a full fine-tune of the base (seed 7)" if "fine-tune" in args.attacks else "the base",
+                "density": 0.5,
+                "keeps": KEEPS,
+            },
             "rows": rows,
             "null": null,
             "seconds": time.perf_counter() - began,
