@@ -43,6 +43,7 @@ from product_tables import (
     skipped_tokens,
     speed_by_model,
 )
+from provenance_tables import pooled_cost, radioactivity, verify_null, verify_robustness
 from speed_tables import (
     embed_stages,
     generate_speed,
@@ -327,6 +328,10 @@ TABLES = {
     "detect_quality": detect_quality,
     "threshold_lengths": threshold_lengths,
     "retie": retie,
+    "verify_robustness": verify_robustness,
+    "verify_null": verify_null,
+    "pooled_cost": pooled_cost,
+    "radioactivity": radioactivity,
 }
 
 

@@ -15,7 +15,8 @@ matrix alone (lm_head; the input embeddings):
 * merges (``lab.attacks.merge.merge_models``) of the release with a full fine-tune of the *base* (one that never
   saw the mark): linear, SLERP, TIES and DARE-TIES (density 0.5), keeping 10%, 30%, 50% and 70% of the release;
 * pruning at 50% (``lab.attacks.prune``), magnitude and Wanda, lm_head included;
-* quantize-dequantize (``lab.attacks.quantizers``) with lm_head quantized too (transformers' NF4, HQQ and quanto
+* quantize-dequantize (``lab.attacks.quantizers``, run on lm_head and the input embeddings only: each tensor is
+  quantized alone, so they come out as in the whole model) with lm_head quantized too (transformers' NF4, HQQ and quanto
   recipes keep lm_head in float, which the weights test reads exactly; the rows here are the harder case): NF4,
   HQQ 4-bit, quanto int4, GGUF Q4_K_M and Q2_K;
 * head re-initialisation: lm_head untied and drawn afresh from N(0, initializer_range^2); the input embeddings
@@ -25,7 +26,8 @@ Nulls: the base itself, a LoRA and a full fine-tune of the base, and every deriv
 ``--secrets`` random secrets (the same S, another secret each: the null ``verify_model`` assumes), with the
 permutation p-value (K = 9,999) of each; the FPR at alpha 0.01 and 0.001 is pooled over the derivatives listed in
 ``NULL_SET``, with Clopper-Pearson intervals, and per derivative. Every derivative's lm_head and input embeddings
-are cached under ``--out``; a re-run resumes. Writes benchmarks/results/<name>.json atomically.
+are cached under ``--out``; a re-run resumes. ``--attacks`` picks families (a larger model on a CPU budget can skip
+the fine-tunes; merges then take the base itself as partner). Writes benchmarks/results/<name>.json atomically.
 """
 
 from __future__ import annotations
