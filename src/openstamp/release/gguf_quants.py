@@ -116,6 +116,11 @@ def _positive_max(values: np.ndarray) -> np.ndarray:
     return np.where(top > 0, top, f32(0)).astype(np.float32)
 
 
+def _signed_max(a: np.ndarray) -> np.ndarray:
+    """Per row of a (rows, n), the entry of largest magnitude with its sign (ggml's ``max`` with ``amax``): (rows,)."""
+    return np.take_along_axis(a, np.abs(a).argmax(axis=1)[:, None], axis=1)[:, 0]
+
+
 def _pack_2bit(L: np.ndarray) -> np.ndarray:
     """(nb, 256) codes 0..3 -> (nb, 64) bytes: in each half of 128, byte l holds codes l, l + 32, l + 64, l + 96."""
     L = L.astype(np.uint8).reshape(-1, 2, 4, 32)
@@ -158,8 +163,7 @@ def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     its best value given the others while that raises ``sumlx^2 / suml2`` (weights x^2). C stops
     after a pass that changes nothing; further passes would change nothing either.
     """
-    index = np.abs(x).argmax(axis=1)
-    amax_signed = np.take_along_axis(x, index[:, None], axis=1)[:, 0]
+    amax_signed = _signed_max(x)
     tiny = np.abs(amax_signed) < GROUP_MAX_EPS
     iscale = f32(-nmax) / np.where(tiny, f32(1), amax_signed)
     L = np.clip(_nearest(iscale[:, None] * x), -nmax, nmax - 1).astype(np.float32)
@@ -191,8 +195,7 @@ def quantize_q3_k(rows: np.ndarray) -> np.ndarray:
     nb = blocks.shape[0]
     scales, codes = _make_q3_quants(blocks.reshape(nb * 16, 16), 4)
     scales, codes = scales.reshape(nb, 16), codes.reshape(nb, 16, 16)
-    index = np.abs(scales).argmax(axis=1)
-    max_scale = np.take_along_axis(scales, index[:, None], axis=1)[:, 0]
+    max_scale = _signed_max(scales)
     has = max_scale != 0
     iscale = f32(-32) / np.where(has, max_scale, f32(1))
     ls = np.clip(_nearest(iscale[:, None] * scales).astype(np.int8), -32, 31).astype(np.int32) + 32
@@ -249,8 +252,7 @@ def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
 
 def _make_qx_quants(x: np.ndarray, nmax: int) -> np.ndarray:
     """Symmetric scale per row of x (rows, n), weights x^2 (``rmse_type = 1``): scale (rows,), codes (rows, n)."""
-    index = np.abs(x).argmax(axis=1)
-    amax_signed = np.take_along_axis(x, index[:, None], axis=1)[:, 0]
+    amax_signed = _signed_max(x)
     tiny = np.abs(amax_signed) < GROUP_MAX_EPS
     safe_max = np.where(tiny, f32(1), amax_signed)
     w = x * x
@@ -283,8 +285,7 @@ def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
     nb = blocks.shape[0]
     scales, codes = _make_qx_quants(blocks.reshape(nb * 16, 16), 32)
     scales, codes = scales.reshape(nb, 16), codes.reshape(nb, 16, 16)
-    index = np.abs(scales).argmax(axis=1)
-    max_scale = np.take_along_axis(scales, index[:, None], axis=1)[:, 0]
+    max_scale = _signed_max(scales)
     empty = np.abs(max_scale) < GROUP_MAX_EPS
     iscale = f32(-128) / np.where(empty, f32(1), max_scale)
     d16 = np.where(empty, f32(0), f32(1) / iscale).astype(np.float16)
