@@ -36,6 +36,41 @@ def ensure_key(model_dir: Path, key_dir: Path, profile: str = "small") -> None:
     subprocess.run(cmd, check=True)
 
 
+def saved_key(
+    directory: Path,
+    model,
+    tokenizer,
+    *,
+    model_spec: str,
+    secret: bytes,
+    profile: str = "default",
+    corpus: str = "wikipedia",
+    states=None,
+):
+    """(the key saved in ``directory``, states): built there first when absent, with ``secret`` on the key half of
+    ``corpus``, its re-tied release fingerprinted in it. ``states`` are reused (S does not depend on the secret) and
+    returned, collected here when first needed."""
+    from openstamp import load_documents, load_profile, split_documents
+    from openstamp.embed.build import build_key
+    from openstamp.embed.states import collect_states
+    from openstamp.key.key import WatermarkKey
+    from openstamp.model.patch import apply_watermark, revert_watermark
+
+    if (directory / "key.json").exists():
+        return WatermarkKey.load(directory), states
+    cfg = load_profile(profile)
+    docs = split_documents(load_documents(corpus), "key")
+    if states is None:
+        states = collect_states(model, tokenizer, docs, cfg.states, progress=False)
+    began = time.perf_counter()
+    key = build_key(model, tokenizer, docs, cfg, secret=secret, progress=False, states=states)
+    apply_watermark(model, key, "retie", source=model_spec)  # records both heads' fingerprints in the key
+    revert_watermark(model, key)
+    key.save(directory, overwrite=True)
+    print(f"[keys] {directory.name}: built {key.key_id} in {time.perf_counter() - began:.0f} s", flush=True)
+    return key, states
+
+
 def add_release_arguments(parser) -> None:
     """--model, --key: a watermarked release and its key (the demo's, built with the small profile if missing)."""
     parser.add_argument("--model", type=Path, default=DEMO / "model")

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fpr/: fpr_per_key.py, fpr_scoring.py
 
 import numpy as np  # noqa: E402
+from common import saved_key  # noqa: E402
 from fpr_per_key import SOURCES, load_source, stage_texts  # noqa: E402
 from fpr_scoring import ALPHAS, fpr_summary  # noqa: E402
 
@@ -43,30 +44,16 @@ def owner_secret(j: int, seed: int) -> bytes:
     return hashlib.sha256(f"openstamp/fpr-product/{seed}/{j}".encode()).digest()
 
 
-def build_keys(out: Path, args, model, tokenizer) -> list[Path]:
+def build_keys(out: Path, args, model, tokenizer) -> list:
     """``--keys`` keys of the profile, from one set of states (S does not depend on the secret), each saved once."""
-    from openstamp import load_documents, load_profile, split_documents
-    from openstamp.embed.build import build_key
-    from openstamp.embed.states import collect_states
-    from openstamp.key.key import WatermarkKey
-    from openstamp.model.patch import apply_watermark, revert_watermark
-
-    cfg = load_profile(args.profile)
-    docs = split_documents(load_documents(args.corpus), "key")
-    dirs = [out / "keys" / f"k{j:02d}" for j in range(args.keys)]
-    states = None
-    for j, directory in enumerate(dirs):
-        if (directory / "key.json").exists():
-            continue
-        if states is None:
-            states = collect_states(model, tokenizer, docs, cfg.states, progress=False)
-        began = time.perf_counter()
-        key = build_key(model, tokenizer, docs, cfg, secret=owner_secret(j, args.seed), progress=False, states=states)
-        apply_watermark(model, key, "retie", source=args.model)  # records both heads' fingerprints in the key
-        revert_watermark(model, key)
-        key.save(directory, overwrite=True)
-        print(f"[keys] k{j:02d} {key.key_id} in {time.perf_counter() - began:.0f} s", flush=True)
-    return [WatermarkKey.load(d) for d in dirs]
+    keys, states = [], None
+    for j in range(args.keys):
+        key, states = saved_key(
+            out / "keys" / f"k{j:02d}", model, tokenizer, model_spec=args.model, secret=owner_secret(j, args.seed),
+            profile=args.profile, corpus=args.corpus, states=states,
+        )  # fmt: skip
+        keys.append(key)
+    return keys
 
 
 def score(out: Path, args, sources: dict[str, list[str]]) -> dict:

@@ -54,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-from common import write_result  # noqa: E402
+from common import saved_key, write_result  # noqa: E402
 
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
@@ -110,26 +110,15 @@ def secret(role: str, seed: int) -> bytes:
 
 def keys(args, model, tokenizer) -> dict:
     """The tune and test keys: loaded from --key-tune/--key-test, or built once under --out/keys."""
-    from openstamp import WatermarkKey, build_key, load_documents, load_profile, split_documents
-    from openstamp.embed.states import collect_states
-    from openstamp.model.patch import apply_watermark, revert_watermark
-
     out, states = {}, None
     for role in ("tune", "test"):
         given = getattr(args, f"key_{role}")
-        directory = given or args.out / "keys" / role
-        if given is None and not (directory / "key.json").exists():
-            cfg = load_profile(args.profile)
-            docs = split_documents(load_documents(args.corpus), "key")
-            if states is None:  # S does not depend on the secret: one set of states for both keys
-                states = collect_states(model, tokenizer, docs, cfg.states, progress=False)
-            began = time.perf_counter()
-            key = build_key(model, tokenizer, docs, cfg, secret=secret(role, args.seed), progress=False, states=states)
-            apply_watermark(model, key, "retie", source=args.model)  # records both heads' fingerprints in the key
-            revert_watermark(model, key)
-            key.save(directory, overwrite=True)
-            print(f"[keys] {role}: built {key.key_id} in {time.perf_counter() - began:.0f} s", flush=True)
-        out[role] = (WatermarkKey.load(directory), directory)
+        directory = Path(given) if given else args.out / "keys" / role
+        key, states = saved_key(
+            directory, model, tokenizer, model_spec=args.model, secret=secret(role, args.seed),
+            profile=args.profile, corpus=args.corpus, states=states,
+        )  # fmt: skip
+        out[role] = (key, directory)
     (tune_key, _), (test_key, _) = out["tune"], out["test"]
     if tune_key.key_id == test_key.key_id or tune_key.secret == test_key.secret:
         raise SystemExit("the test key must be a fresh key (another secret) than the tune key")

@@ -43,10 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 import torch  # noqa: E402
-from common import write_result  # noqa: E402
+from common import saved_key, write_result  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from openstamp import load_documents, load_model, load_profile, split_documents  # noqa: E402
+from openstamp import load_documents, load_model, split_documents  # noqa: E402
 from openstamp.detect.rates import clopper_pearson  # noqa: E402
 from openstamp.key.key import WatermarkKey  # noqa: E402
 from openstamp.key.prf import permutations  # noqa: E402
@@ -306,19 +306,8 @@ def null_rows(found: dict, key: WatermarkKey, out: Path, n_secrets: int, seed: i
 def load_or_build_key(args, model, tokenizer) -> WatermarkKey:
     if args.key:
         return WatermarkKey.load(args.key)
-    directory = args.out / "key"
-    if (directory / "key.json").exists():
-        return WatermarkKey.load(directory)
-    from openstamp.embed.build import build_key
-    from openstamp.model.patch import revert_watermark
-
-    docs = split_documents(load_documents("wikipedia"), "key")
     secret = hashlib.sha256(f"openstamp/verify-robustness/{args.seed}".encode()).digest()
-    key = build_key(model, tokenizer, docs, load_profile(args.profile), secret=secret, progress=False)
-    apply_watermark(model, key, "retie", source=args.model)
-    revert_watermark(model, key)
-    key.save(directory, overwrite=True)
-    return key
+    return saved_key(args.out / "key", model, tokenizer, model_spec=args.model, secret=secret, profile=args.profile)[0]
 
 
 def main() -> None:
