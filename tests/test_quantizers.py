@@ -85,3 +85,12 @@ def test_a_missing_backend_names_the_extra(tokenizer, monkeypatch):
         quantize_model(make_model(False, len(tokenizer)), "hqq-4bit", quantize_head=False)
     with pytest.raises(ValueError, match="unknown scheme"):
         quantize_model(make_model(False, len(tokenizer)), "int3", quantize_head=False)
+
+
+def test_the_attack_help_names_every_scheme():
+    import inspect
+
+    from openstamp.lab.cli.attack import quantize
+
+    listed = inspect.signature(quantize).parameters["scheme"].default.help
+    assert [s for s in quantizers.SCHEMES if s not in listed] == []

@@ -2,7 +2,7 @@
 
 The quantizers live in ``openstamp.lab.attacks.quantizers``: bitsandbytes INT8 and NF4 (on CPU or
 CUDA; a plain-torch simulation of the same codebooks where bitsandbytes is missing), llama.cpp's
-GGUF codecs (Q8_0, Q4_0, Q4_K_M with llama-quantize's per-tensor types), HQQ 4-bit and
+GGUF codecs (Q8_0, Q4_0, Q4_K_M and Q2_K with llama-quantize's per-tensor types), HQQ 4-bit and
 optimum-quanto INT8/INT4. All are weight-only quantize-dequantize, so activation tricks such as
 LLM.int8's fp16 outlier decomposition are not reproduced.
 

@@ -128,7 +128,8 @@ def quantize(
     out_dir: Path = typer.Option(Path("runs/quant"), "--out", help="output directory (resumable)"),
     scheme: str = typer.Option(
         "int8,nf4",
-        help="comma-separated: int8, nf4, gguf-q8_0, gguf-q4_0, gguf-q4_k_m, hqq-4bit, quanto-int8, quanto-int4",
+        help="comma-separated: int8, nf4, gguf-q8_0, gguf-q4_0, gguf-q4_k_m, gguf-q2_k, hqq-4bit, quanto-int8, "
+        "quanto-int4 (the lab's SCHEMES, lab/attacks/quantizers.py)",
     ),
     head: str = typer.Option(
         "recipe+float",
