@@ -16,7 +16,7 @@ from openstamp.cli import app
 from openstamp.config import DetectConfig
 from openstamp.corpus import load_documents, split_documents
 from openstamp.detect import Detector
-from openstamp.detect.pool import dedupe
+from openstamp.detect.pool import dedupe, source_pvalues
 from openstamp.embed.build import build_key
 from openstamp.embed.tune import TuneConfig, tune_delta
 from openstamp.model.generate import sample_completions
@@ -101,6 +101,22 @@ def test_a_pool_of_watermarked_texts_is_far_stronger_than_each(setup):
     assert plain.p_value > 0.01 and not plain.decision
 
 
+def test_sources_reuse_each_texts_tail_sums(setup):
+    """source_pvalues keeps each text's tail sums for the sources that share it: the same p-values as
+    recomputing them, and as detect_pool on each source's texts."""
+    det = Detector(setup["model"], setup["tok"], setup["key"], DetectConfig(min_tokens=4))
+    texts, used = setup["wm"][:10], []
+    for n in (1, 2):
+        kept = source_pvalues(det, texts, n, 6, seed=3)
+        recomputed = source_pvalues(det, texts, n, 6, seed=3, cache_bytes=0)
+        rng = random.Random(3)
+        alone = [det.detect_pool([texts[i] for i in rng.sample(range(len(texts)), n)]).p_value for _ in range(6)]
+        for a, b, c in zip(kept, recomputed, alone, strict=True):
+            assert math.isclose(a, b, rel_tol=1e-9) and math.isclose(a, c, rel_tol=1e-6)
+        used += [1e-12 < p < 1.0 / (len(det.perms) + 1) for p in kept]
+    assert any(used)  # some sources were read by the tail bound, above its floor
+
+
 def test_dedupe_counts_a_repeated_context_once(setup):
     det = Detector(setup["model"], setup["tok"], setup["key"])
     text = setup["wm"][3]
@@ -176,6 +192,10 @@ def test_service_pool_gives_one_result(release):
         assert len(single) == 2 and "n_texts" not in single[0]
         refused = client.post("/v1/detect", json={"texts": texts, "pool": True, "token_scores": True})
         assert refused.status_code == 422
+        repeated = client.post("/v1/detect", json={"texts": texts * 3, "pool": True, "dedupe": True}).json()
+        assert repeated["results"] == [{"index": 0, **detector.detect_pool(texts * 3, dedupe=True).to_dict()}]
+        assert repeated["results"][0]["detectors"]["dedupe_dropped"] > 0
+        assert client.post("/v1/detect", json={"texts": texts, "dedupe": True}).status_code == 422
 
 
 @pytest.fixture(scope="module")

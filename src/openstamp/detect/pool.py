@@ -199,11 +199,15 @@ def binomial(pairs: dict[tuple[int, int], bool], gamma: float) -> dict:
     return {"binomial_z": z, "binomial_p": float(binom.sf(k - 1, n, gamma)), "binomial_pairs": n}
 
 
-def source_pvalues(detector, texts: list, n_texts: int, n_sources: int, seed: int = 0) -> list[float]:
+def source_pvalues(
+    detector, texts: list, n_texts: int, n_sources: int, seed: int = 0, *, cache_bytes: int = 4 << 30
+) -> list[float]:
     """Pooled p-values of ``n_sources`` random sources, each ``n_texts`` of ``texts`` drawn without replacement.
 
     Each text is read once: its sums and its states are kept (T x d per text), so a source costs only the
-    tail bound's vocabulary pass, and only when its permutation p-value sits at the floor.
+    tail bound's vocabulary pass, and only when its permutation p-value sits at the floor. That pass is
+    additive over texts (``TailSums.merge_``), so each text's tail sums are computed once and kept for the
+    sources that share it, up to ``cache_bytes`` (an (L, V) fp64 array per text); past it, recomputed.
     """
     check_config(detector.config)
     parts = []  # per text: its sums, and its states and statistics for the tail bound
@@ -220,6 +224,18 @@ def source_pvalues(detector, texts: list, n_texts: int, n_sources: int, seed: in
             parts.append((sums, fwd.hidden[span], fwd.targets[span], rows))
     if n_texts > len(parts):
         raise ValueError(f"a source of {n_texts} texts needs as many scorable texts; got {len(parts)}")
+    per_text = detector.key.n_lists * detector.key.vocab_size * 8
+    tails, room = {}, cache_bytes // per_text  # text -> its own TailSums; how many more fit
+
+    def tail_of(i: int) -> TailSums:
+        if i in tails:
+            return tails[i]
+        tail = TailSums.empty(detector.key)
+        add_tail(detector, tail, *parts[i][1:])
+        if len(tails) < room:
+            tails[i] = tail
+        return tail
+
     rng = random.Random(seed)
     p_values = []
     for _ in range(n_sources):
@@ -232,7 +248,7 @@ def source_pvalues(detector, texts: list, n_texts: int, n_sources: int, seed: in
         if wants_tail(detector.config) and p <= 1.0 / (len(detector.perms) + 1):
             sums.tail = TailSums.empty(detector.key)
             for i in group:
-                add_tail(detector, sums.tail, *parts[i][1:])
+                sums.tail.merge_(tail_of(i))
         p_values.append(pooled_result(sums, detector).p_value)
     return p_values
 

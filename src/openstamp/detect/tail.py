@@ -203,6 +203,13 @@ class TailSums:
         weights = s.double().sum(-1)
         self.mean += key.delta * key.gamma * float((weights * (is_eligible.double() - mass)).sum())
 
+    def merge_(self, other: TailSums) -> TailSums:
+        """Add ``other``'s sums in place (T of two disjoint sets of tokens is the sum of theirs); returns self."""
+        self.coefficients += other.coefficients
+        self.in_text |= other.in_text
+        self.mean += other.mean
+        return self
+
     def terms(self, statistic: float) -> TailTerms:
         """The bound's terms for the accumulated set, whose centred statistic is ``statistic``."""
         rest = self.coefficients[:, ~self.in_text]
