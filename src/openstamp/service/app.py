@@ -16,6 +16,7 @@ import copy
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, Security
@@ -132,7 +133,8 @@ def create_app(
                 log.info("text %d: %r", i, text[:80])
         try:
             if body.pool:  # one result for the set, scored alone between batches
-                records = [(await batcher.call(detector.detect_pool, texts, prompts)).to_dict()]
+                pool = partial(detector.detect_pool, dedupe=body.dedupe)
+                records = [(await batcher.call(pool, texts, prompts)).to_dict()]
             else:
                 records = await batcher.submit(texts, prompts, body.token_scores)
         except QueueFull as err:

@@ -61,6 +61,11 @@ class DetectRequest(BaseModel):
         description="one pooled result for all the texts (or conversations) together, with n_texts; its p-value "
         "is exact however the texts depend on one another",
     )
+    dedupe: StrictBool = Field(
+        default=False,
+        description="pool: count each repeated (8-token context, token) pair once, for sets whose texts share "
+        "boilerplate; which tokens it drops depends on the token ids only, so the p-value stays exact",
+    )
 
     @field_validator("texts")
     @classmethod
@@ -78,6 +83,8 @@ class DetectRequest(BaseModel):
             raise ValueError("give either texts or messages")
         if self.pool and self.token_scores:
             raise ValueError("pool gives one result for the set: per-token scores are per text")
+        if self.dedupe and not self.pool:
+            raise ValueError("dedupe applies to pool: it drops repeats across the set's texts")
         if self.messages is not None:
             if self.prompts is not None:
                 raise ValueError("prompts go with texts; a conversation carries its own context")
