@@ -108,6 +108,34 @@ def test_cli_with_server_prints_what_local_detection_prints(server, release, tmp
     assert (tmp_path / "e.html").read_text().count("<span title=") >= 10
 
 
+def test_cli_pools_with_a_server_as_it_does_locally(server, release, tmp_path):
+    """`detect --pool/--group-by --server` prints the records local pooling prints (one request per pool)."""
+    rows = [{"text": f"{TEXT} and the report number {i} followed", "account": f"a{i % 2}"} for i in range(6)]
+    path = tmp_path / "site.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"text": TEXT, "prompt": "Today", "account": 9}]))
+    local_args = ["--model", str(release / "model"), "--key", str(release / "key"), "--quiet"]
+    env = {"OPENSTAMP_API_TOKEN": TOKEN}
+    for args in (["--pool"], ["--group-by", "account", "--dedupe"]):
+        local = runner.invoke(cli, ["detect", str(path), *args, *local_args])
+        remote = runner.invoke(cli, ["detect", str(path), *args, "--server", server], env=env)
+        assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+        assert remote.stdout == local.stdout
+    pooled = json.loads(runner.invoke(cli, ["detect", str(path), "--pool", "--server", server], env=env).stdout)
+    assert pooled["id"] == str(path) and pooled["n_texts"] == 7 and pooled["status"] == "ok"
+    grouped = [json.loads(line) for line in remote.stdout.splitlines()]
+    assert [(r["id"], r["n_texts"]) for r in grouped] == [("a0", 3), ("a1", 3), (9, 1)]
+    assert grouped[0]["detectors"]["dedupe_dropped"] > 0  # the texts share most of their 8-token windows
+    many = tmp_path / "many.txt"
+    many.write_text("".join(f"{TEXT} {i}\n" for i in range(9)))  # the server takes 8 texts a request
+    for args, message in [
+        ([str(many), "--pool"], "a pool of 9 texts is more than this service takes in one request (max_texts 8)"),
+        ([str(path), "--pool", "--fpr", "0.05"], "--fpr: the server decides these"),
+        ([str(path), "--group-by", "account", "--model", "m"], "--model: the server decides these"),
+    ]:
+        refused = runner.invoke(cli, ["detect", *args, "--server", server], env=env)
+        assert refused.exit_code == 2 and message in " ".join(refused.output.split()), refused.output
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -305,3 +333,31 @@ def test_client_sends_conversations_in_chunks_with_their_options():
     assert len(results) == 3 and [len(b["messages"]) for b in bodies] == [2, 1]
     assert all(b["drop_reasoning"] and not b["drop_system"] and "texts" not in b for b in bodies)
     assert client.key_ids == ["k1", "k2"] and client.key_id is None
+
+
+def test_client_pools_in_one_request_and_explains_a_413():
+    bodies = []
+
+    def handler(request):
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json={**INFO, "limits": {"max_texts": 3}})
+        body = json.loads(request.content)
+        bodies.append(body)
+        if len(body["texts"]) > 2:
+            return httpx.Response(413, json={"detail": "the request has 900 tokens; the limit is 800 per request"})
+        data = answer(["".join(body["texts"])])
+        data["results"][0]["n_texts"] = len(body["texts"])
+        return httpx.Response(200, json=data)
+
+    client = mock_client(handler)
+    result = client.detect_pool(["ab", "cde"], dedupe=True)
+    assert (result.n_texts, result.n_tokens) == (2, 5)
+    assert bodies == [{"texts": ["ab", "cde"], "pool": True, "dedupe": True}]  # no prompts: none were given
+    client.detect_pool(["ab", "cd"], ["Today", None])
+    assert bodies[-1]["prompts"] == ["Today", None] and bodies[-1]["dedupe"] is False
+    with pytest.raises(ServiceError, match="800 per request; a pool is scored in one request") as err:
+        client.detect_pool(["a", "b", "c"])
+    assert err.value.status == 413 and len(bodies) == 3  # not split: halves would be other pools
+    with pytest.raises(ServiceError, match=r"a pool of 4 texts .* \(max_texts 3\)"):
+        client.detect_pool(["a", "b", "c", "d"])
+    assert len(bodies) == 3

@@ -5,6 +5,7 @@
     with DetectionClient("http://127.0.0.1:8080", token) as client:
         results = client.detect(["some text", "another"])   # list[DetectionResult]
         chats = client.detect_messages([[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "..."}]])
+        pooled = client.detect_pool(["one text", "another", "a third"])  # one DetectionResult, n_texts 3
 
 Requests are split to fit the server's limits, and retried with exponential backoff
 (honouring Retry-After) when the server is busy (429), shutting down (503) or unreachable
@@ -120,6 +121,39 @@ class DetectionClient:
         options = {"drop_system": drop_system, "drop_reasoning": drop_reasoning, "token_scores": token_scores}
         return self._chunks(len(conversations), lambda idx: {"messages": [conversations[i] for i in idx], **options})
 
+    def detect_pool(
+        self, texts: list[str], prompts: list[str | None] | None = None, *, dedupe: bool = False
+    ) -> DetectionResult:
+        """One pooled result for the whole set (``Detector.detect_pool`` on the server), with ``n_texts``.
+
+        The set goes in one request: its p-value is one test over all of its tokens, which no split into
+        several requests could give. A set above the server's limits is refused with what to do instead.
+        """
+        if isinstance(texts, str):
+            raise TypeError("detect_pool() takes a list of texts; wrap a single text in a list")
+        prompts = list(prompts) if prompts is not None else [None] * len(texts)
+        if len(prompts) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(prompts)} prompts")
+        if self._limits is None:
+            self._limits = self.info()["limits"]
+        too_big = "a pool is scored in one request, so raise the server's limits or detect it locally (--model/--key)"
+        if len(texts) > self._limits.get("max_texts", len(texts)):
+            raise ServiceError(
+                f"a pool of {len(texts)} texts is more than this service takes in one request "
+                f"(max_texts {self._limits['max_texts']}); {too_big}",
+                413,
+            )
+        body: dict[str, Any] = {"texts": list(texts), "pool": True, "dedupe": dedupe}
+        if any(p is not None for p in prompts):
+            body["prompts"] = prompts
+        try:
+            data = self._request("POST", "/v1/detect", json=body)
+        except ServiceError as err:
+            if err.status != 413:
+                raise
+            raise ServiceError(f"{err}; {too_big}", 413) from None
+        return self._results(data, 1)[0]
+
     # -- plumbing ------------------------------------------------------------------------------
 
     def _chunks(self, n: int, body) -> list[DetectionResult]:
@@ -141,11 +175,15 @@ class DetectionClient:
                 raise
             half = len(idx) // 2
             return self._detect(idx[:half], body) + self._detect(idx[half:], body)
+        return self._results(data, len(idx))
+
+    def _results(self, data: dict[str, Any], n: int) -> list[DetectionResult]:
+        """The ``n`` results of a /v1/detect response, in order; notes the key ids it was scored against."""
         self.key_id = data.get("key_id")
         self.key_ids = data.get("key_ids") or [self.key_id]
         items = sorted(data["results"], key=lambda item: item["index"])
-        if [item["index"] for item in items] != list(range(len(idx))):
-            raise ServiceError(f"the server returned {len(items)} results for {len(idx)} texts")
+        if [item["index"] for item in items] != list(range(n)):
+            raise ServiceError(f"the server returned {len(items)} results where {n} were due")
         return [DetectionResult(**{k: v for k, v in item.items() if k in RESULT_FIELDS}) for item in items]
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:

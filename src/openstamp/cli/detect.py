@@ -99,7 +99,9 @@ def detect(
         None, "--key", "-k", help="the private key directory; repeat it to score against several keys (Holm-corrected)"
     ),
     server: str | None = typer.Option(
-        None, help="score with a detection service (openstamp serve) at this URL instead of --model/--key"
+        None,
+        help="score with a detection service (openstamp serve) at this URL instead of --model/--key "
+        "(--pool: the whole set in one request)",
     ),
     token: str | None = typer.Option(
         None, envvar="OPENSTAMP_API_TOKEN", show_default=False, help="the service's API key"
@@ -180,14 +182,33 @@ def detect(
             n_permutations=permutations,
             check_key=not force,
         )
+    server_decides = {  # settings of local detection; a detection service has its own (its /v1/info)
+        "--model": model,
+        "--key": key,
+        "--fpr": fpr != 0.01,
+        "--threshold": threshold,
+        "--calibrated / --rule llr": calibrated,
+        "--min-tokens": min_tokens != 16,
+        "--max-tokens": max_tokens != 2048,
+        "--no-p-values": not p_values,
+        "--permutations": permutations != 999,
+        "--force": force,
+        "--base": base,
+    }
     if dedupe and not (pool or group_by):
         raise ValueError("--dedupe applies to --pool and --group-by")
     if pool or group_by is not None:  # one result per input or per group (detect/pool.py)
-        others = {"--server": server, "--engine ray": engine == "ray" or out_dir, "--token-scores": token_scores,
-                  "--html": html, "--messages": messages}  # fmt: skip
+        others = {"--engine ray": engine == "ray" or out_dir, "--token-scores": token_scores, "--html": html,
+                  "--messages": messages}  # fmt: skip
         if given := [name for name, value in others.items() if value]:
             raise ValueError(f"{', '.join(given)}: not available with --pool/--group-by")
-        detect_pools(input, text, group_by, dedupe, model, key, base, config, output, dtype, device, cache_dir, quiet)
+        if server is not None:
+            check_server_options(server_decides)
+        elif model is None or not key:
+            raise ValueError("give --model and --key to detect a pool, or --server URL to use a detection service")
+        local = {"model": model, "keys": [str(k) for k in key or []], "config": config, "dtype": dtype,
+                 "device": device, "cache_dir": cache_dir, "base": base}  # fmt: skip
+        detect_pools(input, text, group_by, dedupe, output, quiet, server, token, local)
         return
     if engine == "ray" or out_dir is not None:
         conflicts = {
@@ -209,21 +230,7 @@ def detect(
         run_ray(input, out_dir, model, str(key[0]), config, workers, out_format, dtype, device, ray_address, quiet)
         return
     if server is not None:
-        local = {
-            "--model": model,
-            "--key": key,
-            "--fpr": fpr != 0.01,
-            "--threshold": threshold,
-            "--calibrated / --rule llr": calibrated,
-            "--min-tokens": min_tokens != 16,
-            "--max-tokens": max_tokens != 2048,
-            "--no-p-values": not p_values,
-            "--permutations": permutations != 999,
-            "--force": force,
-            "--base": base,
-        }
-        if given := [name for name, value in local.items() if value]:
-            raise ValueError(f"{', '.join(given)}: the server decides these (see its /v1/info); drop them")
+        check_server_options(server_decides)
     elif model is None or not key:
         raise ValueError("give --model and --key to detect locally, or --server URL to use a detection service")
     if messages is not None and (input is not None or text):
@@ -277,13 +284,19 @@ def detect(
     write_records(records, output)
 
 
-def detect_pools(input, text, group_by, dedupe, model, key, base, config, output, dtype, device, cache_dir, quiet):
-    """--pool / --group-by: one pooled result (``Detector.detect_pool``) for the input, or for each group."""
-    from openstamp.detect.multikey import load_detector
+def check_server_options(server_decides: dict) -> None:
+    """Refuse local detection settings beside --server: the service decides them, and silently ignoring one
+    would report a decision the caller did not ask for."""
+    if given := [name for name, value in server_decides.items() if value]:
+        raise ValueError(f"{', '.join(given)}: the server decides these (see its /v1/info); drop them")
 
-    if model is None or not key:
-        raise ValueError("give --model and --key to detect a pool")
+
+def detect_pools(input, text, group_by, dedupe, output, quiet, server, token, local) -> None:
+    """--pool / --group-by: one pooled result (``Detector.detect_pool``) for the input, or for each group,
+    scored by a detection service (``server``; one request per pool) or here (``load_detector(**local)``)."""
     texts, prompts, _ = read_inputs(input, text)
+    if not texts:
+        raise ValueError(f"no texts to pool: {'stdin' if str(input) == '-' else input} is empty")
     if group_by is None:
         groups = {str(input) if input is not None else "texts": list(range(len(texts)))}
     else:
@@ -292,15 +305,21 @@ def detect_pools(input, text, group_by, dedupe, model, key, base, config, output
         groups = {}
         for i, value in enumerate(group_values(input, group_by)):
             groups.setdefault(value, []).append(i)
-    load = {"dtype": dtype, "device": device, "cache_dir": cache_dir, "base": base}
-    detector = load_detector(model, [str(k) for k in key], config, **load)
-    records = []
-    for name, rows in groups.items():
-        result = detector.detect_pool(
-            [texts[i] for i in rows], [prompts[i] for i in rows], dedupe=dedupe, progress=not quiet and len(rows) > 8
-        )
-        records.append({"id": name, **result.to_dict()})
-    write_records(records, output)
+    sets = {name: ([texts[i] for i in rows], [prompts[i] for i in rows]) for name, rows in groups.items()}
+    if server is not None:
+        from openstamp.client import DetectionClient
+
+        with DetectionClient(server, token) as client:
+            results = {name: client.detect_pool(*pool, dedupe=dedupe) for name, pool in sets.items()}
+    else:
+        from openstamp.detect.multikey import load_detector
+
+        detector = load_detector(**local)
+        results = {
+            name: detector.detect_pool(*pool, dedupe=dedupe, progress=not quiet and len(pool[0]) > 8)
+            for name, pool in sets.items()
+        }
+    write_records([{"id": name, **result.to_dict()} for name, result in results.items()], output)
 
 
 def write_records(records: list[dict], output: Path | None) -> None:
