@@ -1,6 +1,7 @@
 """The detection page at GET /: public static files, and a real browser (Playwright driving Debian's
 Chromium) against a real server on 127.0.0.1 with an API key."""
 
+import json
 import os
 import re
 import shutil
@@ -198,3 +199,104 @@ def test_the_page_in_a_browser(server, texts, tmp_path):
         assert page.locator("#result").is_hidden()
         browser.close()
     assert screenshot.stat().st_size > 10_000
+
+
+def open_page(p, server: str):
+    """Chromium on the page, with the API key filled in and the pooled form opened."""
+    browser = p.chromium.launch(executable_path=chromium_or_skip(), args=["--no-sandbox"])
+    page = browser.new_page(viewport={"width": 1000, "height": 900})
+    page.set_default_timeout(15_000)
+    page.goto(server + "/")
+    page.fill("#key", TOKEN)
+    page.click("#pool summary")
+    return browser, page
+
+
+def facts(page) -> dict[str, str]:
+    names, values = page.locator("#facts dt").all_text_contents(), page.locator("#facts dd").all_text_contents()
+    return dict(zip(names, values, strict=True))
+
+
+def test_the_page_pools_a_set_of_texts(server, texts, detector, tmp_path):
+    chromium_or_skip()
+    from playwright.sync_api import expect, sync_playwright
+
+    watermarked, human = texts
+    expected = detector.detect_pool([watermarked, human], ["Today", None])
+    twice = detector.detect_pool([watermarked, watermarked], dedupe=True)
+    path = tmp_path / "set.jsonl"  # blank lines and other fields are fine, as for `detect --pool`
+    path.write_text(
+        f"{json.dumps({'id': 'a', 'text': watermarked, 'prompt': 'Today'})}\n\n{json.dumps({'text': human})}\n"
+    )
+    with sync_playwright() as p:
+        browser, page = open_page(p, server)
+
+        def detect_set() -> dict:
+            with page.expect_response("**/v1/detect") as response:
+                page.click("#pool-detect")
+            assert response.value.status == 200
+            expect(page.locator("#pool-detect")).to_be_enabled()
+            expect(page.locator("#result")).to_be_visible()
+            return response.value.request.post_data_json
+
+        page.set_input_files("#pool-file", str(path))
+        sent = detect_set()
+        assert sent == {"texts": [watermarked, human], "prompts": ["Today", None], "pool": True, "dedupe": False}
+        expect(page.locator("#verdict")).to_have_text("Flagged: watermarked" if expected.decision else "Not flagged")
+        shown = facts(page)
+        assert shown["texts"] == "2" and shown["scored tokens"] == str(expected.n_tokens)
+        assert float(shown["p-value"]) == pytest.approx(expected.p_value, rel=1e-2)
+        assert "repeats dropped" not in shown and "pooled p" in shown["rule"]
+        assert page.locator("#tokens span.tok").count() == 0 and page.locator("#legend").is_hidden()
+
+        page.set_input_files("#pool-file", [])  # pasted texts, one per blank-line-separated block
+        page.fill("#pool-text", f"{watermarked}\n\n\n{watermarked}")
+        page.check("#dedupe")
+        assert detect_set() == {"texts": [watermarked, watermarked], "pool": True, "dedupe": True}
+        shown = facts(page)
+        assert shown["texts"] == "2" and shown["scored tokens"] == str(twice.n_tokens)
+        assert shown["repeats dropped"] == str(twice.detectors["dedupe_dropped"]) != "0"
+        browser.close()
+
+
+def test_the_page_says_what_is_wrong_with_a_set(server, tmp_path):
+    chromium_or_skip()
+    from playwright.sync_api import expect, sync_playwright
+
+    files = {
+        "notes.txt": b"just some words\nand more\n",
+        "missing.jsonl": b'{"text": "a fine text"}\n{"id": 3}\n',
+        "prompt.jsonl": b'{"text": "a fine text", "prompt": 7}\n',
+        "blank.jsonl": b"\n  \n",
+        "binary.jsonl": bytes([0xFF, 0xFE, 0x00, 0x81]),
+        "many.jsonl": "".join(json.dumps({"text": f"text {i}"}) + "\n" for i in range(65)).encode(),
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    with sync_playwright() as p:
+        browser, page = open_page(p, server)
+        requests = []
+        page.on("request", lambda request: requests.append(request) if "/v1/detect" in request.url else None)
+
+        def refused(message: str, file: str | None = None, pasted: str = "") -> None:
+            page.evaluate("document.getElementById('message').textContent = ''")  # no stale match
+            page.set_input_files("#pool-file", [tmp_path / file] if file else [])
+            page.fill("#pool-text", pasted)
+            page.click("#pool-detect")
+            expect(page.locator("#message")).to_contain_text(message)
+            expect(page.locator("#message")).to_have_class("error")
+            expect(page.locator("#pool-detect")).to_be_enabled()
+            assert page.locator("#result").is_hidden()
+
+        refused("No texts: paste texts separated by a blank line")
+        refused("No texts", pasted="\n\n   \n")
+        refused("notes.txt:1 is not valid JSON", "notes.txt")
+        refused('missing.jsonl:2 needs a string field "text"', "missing.jsonl")
+        refused('prompt.jsonl:1 field "prompt" must be a string', "prompt.jsonl")
+        refused("No texts", "blank.jsonl")
+        refused("binary.jsonl is not UTF-8 text", "binary.jsonl")
+        refused("not both", "missing.jsonl", pasted="a pasted text")
+        assert requests == []  # all of these are caught before anything is sent
+        refused("Too large for this server: 65 texts in one request; the limit is 64", "many.jsonl")
+        assert len(requests) == 1
+        browser.close()

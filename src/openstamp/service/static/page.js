@@ -1,5 +1,6 @@
 // The detection page: sends the text to POST /v1/detect with the API key, shows the verdict and
-// colours each token by its LLR. User text only ever reaches the page through textContent.
+// colours each token by its LLR (pool.js adds a set of texts, one verdict). User text only ever reaches the
+// page through textContent.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -63,6 +64,7 @@ function tokenColor(score) {
 function showTokens(result) {
   const box = $("tokens");
   box.replaceChildren();
+  $("legend").hidden = !result.tokens;
   if (!result.tokens || !result.token_scores) return;
   result.tokens.forEach((piece, i) => {
     const span = document.createElement("span");
@@ -94,7 +96,9 @@ function showResult(result, keyId) {
   }
   fact("p-value", result.p_value === null ? null : Number(result.p_value).toPrecision(3));
   fact("mean LLR", result.score === null ? null : (result.score >= 0 ? "+" : "") + result.score.toFixed(4));
+  fact("texts", result.n_texts); // a pooled result
   fact("scored tokens", String(result.n_tokens) + (result.truncated ? " (truncated)" : ""));
+  fact("repeats dropped", result.detectors && result.detectors.dedupe_dropped);
   fact("length band", result.length_band);
   fact("best-matching key", result.best_key);
   fact("rule", result.rule);
