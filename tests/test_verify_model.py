@@ -172,3 +172,29 @@ def test_service_route(retied, tied_dir, tmp_path):
         assert not_model.status_code == 400 and "not a causal LM" in not_model.json()["detail"]
     with TestClient(create_app(detector, ServiceConfig(), keys)) as client:
         assert client.post("/v1/verify-model", json={"path": "model"}, headers=auth).status_code == 403
+
+
+def test_lora_adapter_is_merged_onto_its_base(release, tiny_model_dir, tmp_path):
+    """A LoRA adapter directory is read as its base with the adapter merged: on the release it keeps the whole
+    offset (the head is not among its targets), on the original (``adapter_base``) it carries none."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    key = WatermarkKey.load(release / "key")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(release / "model")
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)  # a non-zero update
+    adapter = get_peft_model(model, lora)
+    adapter.save_pretrained(tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    marked = verify_model(tmp_path / "adapter", key, tiny_model_dir, n_permutations=K)
+    assert marked.share == pytest.approx(1.0, abs=0.01)
+    assert marked.p_permutation == floor(key)
+    assert any(f.name == "adapter_model.safetensors" for f in read_weights(tmp_path / "adapter").files)
+    plain = verify_model(tmp_path / "adapter", key, tiny_model_dir, n_permutations=K, adapter_base=str(tiny_model_dir))
+    assert plain.share == pytest.approx(0.0, abs=1e-6) and plain.p_value > 0.05
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    args = ["verify-model", str(tmp_path / "adapter"), "--key", str(release / "key"), "--base", str(tiny_model_dir)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "names no base model" in " ".join(result.stderr.split()), result.output
