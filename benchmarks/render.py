@@ -75,6 +75,28 @@ def equal_cost(root: Path) -> list[str]:
     return [shown_row(line) for line in equal_cost_table(sweep(root)) if line.startswith("|")]
 
 
+def interpolations(root: Path, methods: tuple[str, ...] = ("kgw-llr", "kgw")) -> list[str]:
+    """The default key and ``methods`` at +5/+10/+20% own PPL, read off their grids two ways (``paired.py``):
+    linear in the cost, and under the budget model (separation linear in sqrt(cost)); the grid shows the gaps."""
+    from openstamp.lab.evaluation.paired import interpolate_tpr
+    from openstamp.lab.evaluation.pareto import points
+
+    r = sweep(root)
+    default = default_method(list(dict.fromkeys(s["method"] for s in r["summary"])))
+    n = r["config"].get("n", 0) * len(r["config"].get("seeds", []))  # texts per grid point
+    rows = []
+    for method in (default, *methods):
+        curve = points(r["summary"], method, COST, TPR)
+        costs, tprs = [c for c, _, _ in curve], [y for _, y, _ in curve]
+        cells = []
+        for level in (0.05, 0.10, 0.20):
+            read_ = [interpolate_tpr(costs, tprs, level, how, n=n) for how in ("linear", "budget")]
+            cells.append(" / ".join("-" if y is None else rate(y) for y in read_))
+        rows.append([method, ", ".join(pct(c) for c in costs), *cells])
+    header = ["method", "grid: own PPL change", "at +5%: linear / budget", "at +10%", "at +20%"]
+    return table(header, rows)
+
+
 def glance(root: Path) -> list[str]:
     """The README's table: per method of the sweep, TPR at +10% own PPL and the own PPL change for TPR 0.95."""
     r = sweep(root)
@@ -293,6 +315,7 @@ def tune(root: Path, name: str) -> list[str]:
 TABLES = {
     "glance": glance,
     "equal_cost": equal_cost,
+    "interpolations": interpolations,
     "budget": budget,
     "lengths": lengths,
     "fpr_per_key": fpr_per_key,
