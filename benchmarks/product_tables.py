@@ -148,6 +148,24 @@ def offset_size(root: Path) -> list[str]:
     return table(header, sorted(rows), 2)
 
 
+def never_green(root: Path) -> list[str]:
+    """Own perplexity of a re-tied release with and without its never-green input rows moved, on chat and plain
+    text (never_green.json, benchmarks/frontier/never_green.py); the change against the base with its interval."""
+    r = read(root / "never_green.json")
+
+    def cell(row: dict) -> str:
+        if row["change"] is None:
+            return f"{row['own_ppl']:.2f}"
+        low, high = row["ci"]
+        return f"{row['own_ppl']:.2f} ({pct(row['change'])} [{pct(low)}, {pct(high)}])"
+
+    by = {(row["model"], row["text"]): row for row in r["rows"]}
+    models = list(dict.fromkeys(row["model"] for row in r["rows"]))
+    n = r["settings"]["n"]
+    rows = [[m, cell(by[m, "chat"]), cell(by[m, "plain"])] for m in models]
+    return table(["model", f"chat answers ({n}): own PPL (change)", f"plain windows ({n})"], rows)
+
+
 def speed_by_model(root: Path) -> list[str]:
     """Detection tokens/s against a plain forward pass, per model (detect_speed*.json)."""
     rows = []
