@@ -46,7 +46,7 @@ def pooled_cost(root: Path, name: str = "pooled_cost") -> list[str]:
     return pooled_cost_table(read(root / f"{name}.json"))
 
 
-COLUMNS = (1, 8, 32, 128)  # texts pooled, where the run has them
+COLUMNS = (1, 8, 16, 32, 128)  # texts pooled, where the run has them
 LABELS = {
     "wm100": "student, 100% watermarked training text",
     "wm10": "student, 10% watermarked training text",
