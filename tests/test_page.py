@@ -300,3 +300,48 @@ def test_the_page_says_what_is_wrong_with_a_set(server, tmp_path):
         refused("Too large for this server: 65 texts in one request; the limit is 64", "many.jsonl")
         assert len(requests) == 1
         browser.close()
+
+
+def test_the_page_gives_one_verdict_per_group(server, texts, detector, tmp_path):
+    chromium_or_skip()
+    from playwright.sync_api import expect, sync_playwright
+
+    watermarked, human = texts
+    expected = {"a": detector.detect_pool([watermarked, human]), "7": detector.detect_pool([human])}
+    path = tmp_path / "accounts.jsonl"  # values are strings or numbers, in order of first appearance
+    records = [{"account": "a", "text": watermarked}, {"account": 7, "text": human}, {"account": "a", "text": human}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    partly = [{"account": "a", "text": human}, {"text": human}]
+    (tmp_path / "partly.jsonl").write_text("\n".join(json.dumps(r) for r in partly))
+    with sync_playwright() as p:
+        browser, page = open_page(p, server)
+        sent = []
+        page.on("request", lambda r: sent.append(r.post_data_json) if "/v1/detect" in r.url else None)
+        page.fill("#group-by", "account")
+        page.set_input_files("#pool-file", str(path))
+        page.click("#pool-detect")
+        expect(page.locator("#group-results")).to_be_visible()
+        expect(page.locator("#pool-detect")).to_be_enabled()
+        assert sent == [
+            {"texts": [watermarked, human], "pool": True, "dedupe": False},
+            {"texts": [human], "pool": True, "dedupe": False},
+        ]  # one request per group: each group is one test
+        assert page.locator("#result").is_hidden() and page.locator("#groups-head").text_content() == "account"
+        rows = [r.locator("td").all_text_contents() for r in page.locator("#groups tbody tr").all()]
+        assert [r[:3] for r in rows] == [[g, str(e.n_texts), str(e.n_tokens)] for g, e in expected.items()]
+        for row, result in zip(rows, expected.values(), strict=True):
+            assert float(row[3]) == pytest.approx(result.p_value, rel=1e-2)
+            assert row[4] == ("flagged" if result.decision else "not flagged")
+        flagged = sum(bool(r.decision) for r in expected.values())
+        expect(page.locator("#groups-note")).to_contain_text(f"{flagged} of 2 groups flagged")
+
+        sent.clear()
+        page.set_input_files("#pool-file", str(tmp_path / "partly.jsonl"))
+        page.click("#pool-detect")
+        expect(page.locator("#message")).to_contain_text('partly.jsonl:2 needs a field "account"')
+        page.set_input_files("#pool-file", [])
+        page.fill("#pool-text", human)
+        page.click("#pool-detect")
+        expect(page.locator("#message")).to_contain_text("Grouping reads a field of a .jsonl file")
+        assert sent == [] and page.locator("#group-results").is_hidden()
+        browser.close()

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
 JS = "text/javascript; charset=utf-8"
-STATIC = {"page.css": "text/css; charset=utf-8", "page.js": JS, "pool.js": JS}
+STATIC = {"page.css": "text/css; charset=utf-8", "page.js": JS, "pool.js": JS, "groups.js": JS}
 PAGE_PATHS = frozenset({"/", *(f"/static/{name}" for name in STATIC)})
 # same-origin scripts, styles and requests only; token colours are set through the DOM, not markup
 HEADERS = {

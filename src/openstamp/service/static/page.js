@@ -112,6 +112,7 @@ async function detect(event) {
   const text = $("text").value;
   sessionStorage.setItem(KEY, $("key").value.trim());
   $("result").hidden = true;
+  $("group-results").hidden = true;
   $("detect").disabled = true;
   say("Scoring…", false);
   try {
