@@ -19,8 +19,9 @@ matrix alone (lm_head; the input embeddings):
   quantized alone, so they come out as in the whole model) with lm_head quantized too (transformers' NF4, HQQ and quanto
   recipes keep lm_head in float, which the weights test reads exactly; the rows here are the harder case): NF4,
   HQQ 4-bit, quanto int4, GGUF Q4_K_M and Q2_K;
-* head re-initialisation: lm_head untied and drawn afresh from N(0, initializer_range^2); the input embeddings
-  keep U~.
+* head re-initialisation: lm_head untied and drawn afresh from N(0, initializer_range^2), alone and then trained
+  (``lab.attacks.reinit.train_head``, ``--reinit-steps`` at batch 8 on the news windows, the backbone frozen); the
+  input embeddings keep U~.
 
 Nulls: the base itself, a LoRA and a full fine-tune of the base, and every derivative above against
 ``--secrets`` random secrets (the same S, another secret each: the null ``verify_model`` assumes), with the
@@ -188,16 +189,26 @@ def make_derivatives(args, base, tokenizer, release, key) -> dict[str, dict[str,
 
         found[scheme] = cache.get(scheme, quantize)
 
-    def reinit():
+    def reinit(train: bool = False):
         fresh = copy.deepcopy(release)
         untie(fresh)
         std = float(getattr(fresh.config.get_text_config(), "initializer_range", 0.02))
         generator = torch.Generator().manual_seed(args.seed)
         head(fresh).weight.data = torch.randn(head(fresh).weight.shape, generator=generator) * std
+        if train:  # the lab's attack: the new head trained on the frozen release backbone's states
+            from openstamp.lab.attacks.reinit import ReinitConfig, cached_hidden, install_head, train_head
+
+            cfg = ReinitConfig(
+                steps=args.reinit_steps, every=args.reinit_steps, seq_len=windows.shape[1], seed=args.seed
+            )
+            weight, history = train_head(cached_hidden(fresh, windows, 8), windows, head(fresh).weight.data, cfg)
+            install_head(fresh, weight)
+            print(f"[derivative] reinit-trained: training loss {history[-1]['train_loss']:.3f}", flush=True)
         return matrices(fresh)
 
     if "reinit" in wanted:
         found["reinit-head"] = cache.get("reinit-head", reinit)
+        found["reinit-trained"] = cache.get("reinit-trained", lambda: reinit(train=True))
     return found
 
 
@@ -211,6 +222,7 @@ FAMILIES = {
     "instruct": "fine-tune",
     "wash-3": "fine-tune",
     "reinit-head": "head re-init",
+    "reinit-trained": "head re-init",
 }
 
 
@@ -320,6 +332,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/verify_robustness"))
     parser.add_argument("--train-windows", type=int, default=400)
     parser.add_argument("--secrets", type=int, default=1000)
+    parser.add_argument("--reinit-steps", type=int, default=100, help="steps that train the re-initialised head")
     parser.add_argument(
         "--attacks",
         default="lora,fine-tune,merge,prune,quantize,reinit",
