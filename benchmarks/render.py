@@ -200,7 +200,7 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
     return table(header, rows)
 
 
-def fpr_product_path(root: Path, name: str = "fpr_product_path") -> list[str]:
+def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[str]:
     """Per-key FPR of re-tied releases scored as ``openstamp detect`` scores, on the release's backbone and the
     base's (``benchmarks/fpr/product_path_fpr.py``); the pooled rate with its exact interval."""
     from openstamp.detect.rates import clopper_pearson
