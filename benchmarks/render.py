@@ -323,6 +323,7 @@ TABLES = {
     "fpr_per_key_default": partial(fpr_per_key, name="fpr_per_key_default"),
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
     "fpr_product_path": fpr_product_path,
+    "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
     "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
