@@ -355,6 +355,7 @@ TABLES = {
     "threshold_lengths": threshold_lengths,
     "retie": retie,
     "verify_robustness": verify_robustness,
+    "verify_reinit": partial(verify_robustness, name="verify_reinit"),
     "verify_null": verify_null,
     "pooled_cost": pooled_cost,
     "radioactivity": radioactivity,
