@@ -150,7 +150,8 @@ def offset_size(root: Path) -> list[str]:
 
 def never_green(root: Path) -> list[str]:
     """Own perplexity of a re-tied release with and without its never-green input rows moved, on chat and plain
-    text (never_green.json, benchmarks/frontier/never_green.py); the change against the base with its interval."""
+    text (never_green.json; the study: docs/notebook/2026-12-06-never-green.md); each change against the base with
+    its interval."""
     r = read(root / "never_green.json")
 
     def cell(row: dict) -> str:
