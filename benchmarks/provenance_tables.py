@@ -46,6 +46,19 @@ def pooled_cost(root: Path, name: str = "pooled_cost") -> list[str]:
     return pooled_cost_table(read(root / f"{name}.json"))
 
 
+def pooled_cost_grid(root: Path, name: str = "pooled_cost") -> list[str]:
+    """The tune split's whole grid (benchmarks/provenance/pooled_cost.py): per delta, the own perplexity change and
+    the sources detected at each N, where the chosen rows' 1.000 comes from."""
+    data = read(root / f"{name}.json")
+    sizes = [str(n) for n in data["settings"]["texts"]]
+    rows = [
+        [f"{g['delta']:.3g}", pct(g["own_ppl_change"])]
+        + [f"{g['by_texts'][n]['detected']}/{g['by_texts'][n]['sources']}" for n in sizes]
+        for g in data["tune"]["grid"]
+    ]
+    return table(["delta", "tune: own PPL change", *(f"detected, {n} texts" for n in sizes)], rows)
+
+
 COLUMNS = (1, 8, 16, 32, 128)  # texts pooled, where the run has them
 LABELS = {
     "wm100": "student, 100% watermarked training text",

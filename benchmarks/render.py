@@ -44,7 +44,7 @@ from product_tables import (
     skipped_tokens,
     speed_by_model,
 )
-from provenance_tables import pooled_cost, radioactivity, verify_null, verify_robustness
+from provenance_tables import pooled_cost, pooled_cost_grid, radioactivity, verify_null, verify_robustness
 from speed_tables import (
     embed_stages,
     generate_speed,
@@ -358,6 +358,7 @@ TABLES = {
     "verify_reinit": partial(verify_robustness, name="verify_reinit"),
     "verify_null": verify_null,
     "pooled_cost": pooled_cost,
+    "pooled_cost_grid": pooled_cost_grid,
     "radioactivity": radioactivity,
 }
 
