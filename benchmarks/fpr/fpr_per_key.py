@@ -6,9 +6,11 @@ An owner holds ONE key and every text is tested against it, so the p-value's pro
 key by key, not only on average over random keys. This script:
 
 1. ``texts``: builds ``n`` held-out prompts (news and Wikipedia documents that built no key) and
-   writes four sources of unwatermarked text, each as decoded text without its prompt:
+   writes the sources of unwatermarked text, each as decoded text without its prompt:
    the original (public base) model with pure sampling, the same at temperature 0.7 / top-p 0.9,
-   the human continuations, and Gemma-3-270M's completions (another model, another tokenizer).
+   the human continuations, Gemma-3-270M's completions (another model, another tokenizer), and
+   human code (``human_code``: windows of gensim's own Python source, a pinned package, one window
+   from each file in turn, so that no file dominates).
 2. ``key``: builds one key on the model under test (``--model``, the packaged SmolLM2 by default; the
    ``default`` profile users get).
 3. ``score``: scores every text once through the backbone and derives, for ``keys`` owners, the
@@ -41,7 +43,9 @@ SOURCES = {  # name -> (model, temperature, top_p); None: the model under test (
     "base_t0.7_p0.9": (None, 0.7, 0.9),
     "human": (None, None, None),
     "gemma3_pure": ("gemma3-270m", 1.0, 1.0),
+    "human_code": (None, None, None),
 }
+HUMAN = ("human", "human_code")  # real text, not sampled
 
 
 def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None:
@@ -77,9 +81,28 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
         print(f"[texts] {name} batch {b + 1}/{-(-len(prompts_text) // args.batch)}: {rate:.0f} tok/s", flush=True)
 
 
+def code_windows(tokenizer, n: int, tokens: int) -> list[str]:
+    """``n`` windows of ``tokens`` tokens of human-written Python: gensim's own source (not its tests), taking the
+    files' consecutive windows one file at a time in turn (file 1's first, file 2's first, ..., file 1's second)."""
+    from openstamp.assets import package_dir
+
+    root = package_dir("gensim")
+    files = sorted(f for f in root.rglob("*.py") if "test" not in f.relative_to(root).parts)
+    per_file = []
+    for f in files:
+        ids = tokenizer(f.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
+        per_file.append([ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens)])
+    turns = []
+    for i in range(max(map(len, per_file))):
+        turns.extend(windows[i] for windows in per_file if i < len(windows))
+    if len(turns) < n:
+        raise SystemExit(f"only {len(turns)} code windows of {tokens} tokens; lower --n")
+    return tokenizer.batch_decode(turns[:n], skip_special_tokens=True)
+
+
 def load_source(out: Path, name: str) -> list[str]:
-    if name == "human":
-        return read_json(out / "texts" / "human.json", "texts")
+    if name in HUMAN:
+        return read_json(out / "texts" / f"{name}.json", "texts")
     files = sorted((out / "texts" / name).glob("b*.json"))
     return [t for f in files for t in read_json(f, "texts")]
 
@@ -94,9 +117,11 @@ def stage_texts(out: Path, args) -> None:
         atomic_write_json(
             out / "texts" / "human.json", tokenizer.batch_decode([h for _, h in windows], skip_special_tokens=True)
         )
+    if "human_code" in args.sources and not (out / "texts" / "human_code.json").exists():
+        atomic_write_json(out / "texts" / "human_code.json", code_windows(tokenizer, args.n, args.new_tokens))
     prompts = read_json(path, "prompts")
     for name in args.sources:
-        if name != "human":
+        if name not in HUMAN:
             generate_source(out, name, prompts, args)
 
 

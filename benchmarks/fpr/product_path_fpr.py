@@ -11,8 +11,9 @@ its own: its G, centring and permutations) and its own re-tied release, and ever
 * ``release``: the release alone (``openstamp detect --model RELEASE``): its own backbone;
 * ``original``: the release with the base beside it (``--base BASE``): the base's backbone, the exact path.
 
-Texts are ``fpr_per_key.py``'s (its ``texts`` stage, in ``--out/texts``: human continuations of held-out news and
-Wikipedia prompts, the base model's samples, pure and at T 0.7 / top-p 0.9). Per source, path and alpha it reports
+Texts are ``fpr_per_key.py``'s (its ``texts`` stage, in ``--out/texts``): human continuations of held-out news and
+Wikipedia prompts, the base model's samples (pure and at T 0.7 / top-p 0.9), and with ``--sources`` Gemma-3-270M's
+pure samples (``gemma3_pure``) and human code (``human_code``). Per source, path and alpha it reports
 the per-key FPR, each key's Clopper-Pearson interval, the pooled rate and the chi-square spread test
 (``fpr_scoring.fpr_summary``). Every (key, path, source) is cached under ``--out``; re-running resumes. Writes
 benchmarks/results/<name>.json atomically.
