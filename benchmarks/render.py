@@ -184,6 +184,7 @@ SOURCES = {
     "base_t0.7_p0.9": "original model, T 0.7 / top-p 0.9",
     "human": "human continuations",
     "gemma3_pure": "Gemma-3-270M, pure sampling",
+    "human_code": "human code (gensim's Python)",
 }
 
 
