@@ -358,6 +358,8 @@ TABLES = {
     "verify_robustness": verify_robustness,
     "verify_reinit": partial(verify_robustness, name="verify_reinit"),
     "verify_null": verify_null,
+    "verify_robustness_qwen05": partial(verify_robustness, name="verify_robustness_qwen05"),
+    "verify_null_qwen05": partial(verify_null, name="verify_robustness_qwen05"),
     "pooled_cost": pooled_cost,
     "pooled_cost_grid": pooled_cost_grid,
     "radioactivity": radioactivity,
