@@ -204,27 +204,42 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
 def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[str]:
     """Per-key FPR of re-tied releases scored as ``openstamp detect`` scores, on the release's backbone and the
     base's (``benchmarks/fpr/product_path_fpr.py``); the pooled rate with its exact interval."""
+    rows = [
+        fpr_row(f"{SOURCES.get(source, source)}, {path} backbone", alpha, f)
+        for path, by_source in read(root / f"{name}.json")["paths"].items()
+        for source, by_alpha in by_source.items()
+        for alpha, f in by_alpha.items()
+    ]
+    return table(["source, path", *FPR_COLUMNS], rows)
+
+
+FPR_COLUMNS = ["alpha", "pooled FPR [95% CI]", "median per key", "max per key", "keys surely above 2a"]
+FPR_COLUMNS += ["keys x texts", "spread p"]
+
+
+def fpr_row(label: str, alpha: str, f: dict) -> list[str]:
+    """One row of FPR_COLUMNS from an ``fpr_scoring.fpr_summary`` record: the pooled rate with its exact interval."""
     from openstamp.detect.rates import clopper_pearson
 
-    rows = []
-    for path, by_source in read(root / f"{name}.json")["paths"].items():
-        for source, by_alpha in by_source.items():
-            for alpha, f in by_alpha.items():
-                n = f["n_texts"] * f["n_keys"]
-                hits = round(f["pooled_fpr"] * n)
-                low, high = clopper_pearson(hits, n)
-                rows.append(
-                    [
-                        f"{SOURCES.get(source, source)}, {path} backbone",
-                        alpha,
-                        f"{hits / n:.4f} [{low:.4f}, {high:.4f}]",
-                    ]
-                    + [f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}", f"{f['keys_above_band_significantly']}"]
-                    + [f"{f['n_keys']} x {f['n_texts']}", f"{f['dispersion_p']:.3f}"]
-                )
-    header = ["source, path", "alpha", "pooled FPR [95% CI]", "median per key", "max per key"]
-    header += ["keys surely above 2a", "keys x texts", "spread p"]
-    return table(header, rows)
+    n = f["n_texts"] * f["n_keys"]
+    hits = round(f["pooled_fpr"] * n)
+    low, high = clopper_pearson(hits, n)
+    pooled = f"{hits / n:.4f} [{low:.4f}, {high:.4f}]"
+    return [label, alpha, pooled, f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}"] + [
+        f"{f['keys_above_band_significantly']}",
+        f"{f['n_keys']} x {f['n_texts']}",
+        f"{f['dispersion_p']:.3f}",
+    ]
+
+
+def key_spread(root: Path) -> list[str]:
+    """Per-key FPR of each (keys, texts) pair of the key-spread study, original backbone (key_spread.json)."""
+    rows = [
+        fpr_row(f"{r['keys']} on {r['texts']}", alpha, f)
+        for r in read(root / "key_spread.json")["pairs"].values()
+        for alpha, f in r["by_alpha"].items()
+    ]
+    return table(["keys, texts", *FPR_COLUMNS], rows)
 
 
 def tail_check(root: Path) -> list[str]:
@@ -325,6 +340,7 @@ TABLES = {
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
     "fpr_product_path": fpr_product_path,
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
+    "key_spread": key_spread,
     "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
