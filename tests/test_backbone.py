@@ -90,3 +90,40 @@ def test_the_service_takes_the_base_too(retied, tied_dir):
     with TestClient(app) as client:
         (result,) = client.post("/v1/detect", json={"texts": [text]}).json()["results"]
     assert result["backbone"] == "original"
+
+
+def test_calibrate_takes_the_base_and_detect_warns_on_another_path(retied, tied_dir, corpus_file, tmp_path, caplog):
+    import json
+    import logging
+    import shutil
+
+    key = tmp_path / "key"
+    shutil.copytree(retied / "key", key)
+    args = ["calibrate", "--model", str(retied / "model"), "--key", str(key), "--corpus", str(corpus_file)]
+    args += ["--n", "20", "--length", "24", "--fpr", "0.1", "--quiet", "--part", "all"]
+    result = CliRunner().invoke(app, [*args, "--base", str(tied_dir)])
+    assert result.exit_code == 0, result.output
+    calibration = json.loads((key / "key.json").read_text())["calibration"]
+    assert calibration["backbone"] == "original" and calibration["part"] == "all"
+    assert calibration["base"] == str(tied_dir) and calibration["n_texts"] == 20
+    release = AutoModelForCausalLM.from_pretrained(retied / "model").eval()
+    base = AutoModelForCausalLM.from_pretrained(tied_dir).eval()
+    config = DetectConfig(calibrated=True, alpha=0.1)
+    logger = logging.getLogger("openstamp.detect.detector")
+    logger.addHandler(caplog.handler)  # the CLI's logging setup above replaced the root's handlers
+    try:
+        Detector(release, tokenizer_of(retied), WatermarkKey.load(key), config)
+        assert "calibrated on the original backbone" in caplog.text
+        caplog.clear()
+        Detector(release, tokenizer_of(retied), WatermarkKey.load(key), config, base=base)
+        assert "calibrated on" not in caplog.text
+    finally:
+        logger.removeHandler(caplog.handler)
+    bad = CliRunner().invoke(app, [*args[:-3], "--part", "key"])
+    assert bad.exit_code == 2 and "--part must be heldout or all" in bad.output
+
+
+def tokenizer_of(root):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(root / "model")

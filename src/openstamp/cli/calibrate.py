@@ -25,7 +25,17 @@ from openstamp.cli.common import (
 def calibrate(
     model: str = typer.Option(..., "--model", "-m", help="the watermarked checkpoint (or the original model)"),
     key: Path = typer.Option(..., "--key", "-k", help="the key directory; the calibration is stored in it"),
-    corpus: str = typer.Option("wikipedia,news", help="comma-separated reference corpora (held-out parts are used)"),
+    base: str | None = typer.Option(
+        None, help="the original model beside the release, as `detect --base` takes it: the path you detect on"
+    ),
+    corpus: str = typer.Option(
+        "wikipedia,news",
+        help="comma-separated reference corpora: packaged names, hf: datasets, or your own domain's human text "
+        "(a .txt, .jsonl or folder)",
+    ),
+    part: str = typer.Option(
+        "heldout", help="heldout: the corpora's held-out half; all: every document (your own text, which built no key)"
+    ),
     n: int = typer.Option(1000, help="reference texts"),
     length: int = typer.Option(200, help="tokens per reference text"),
     lengths: str | None = typer.Option(
@@ -62,23 +72,30 @@ def calibrate(
         n_permutations=max(999, int(1 / min(alphas))),
         min_tokens=max(1, min([16, *(L // 2 for L in by_length)])),
     )
-    detector = Detector.from_pretrained(model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir)
+    if part not in ("heldout", "all"):
+        raise ValueError(f"--part must be heldout or all, not {part!r}")
+    detector = Detector.from_pretrained(
+        model, str(key), config, dtype=dtype, device=device, cache_dir=cache_dir, base=base
+    )
     exclude = {d["sha256"] for d in detector.key.meta.get("corpus", {}).get("documents", [])}
     corpora = [c.strip() for c in corpus.split(",") if c.strip()]
-    texts = reference_texts(detector.tokenizer, corpora, n, length, exclude)
+    texts = reference_texts(detector.tokenizer, corpora, n, length, exclude, part)
     results = detector.detect(texts, progress=not quiet)
     per_length = {}
     for L in by_length:  # without a BOS the first token is not scored: windows one longer score L tokens
         window = L + (0 if detector.bos else 1)
-        scored = detector.detect(reference_texts(detector.tokenizer, corpora, n, window, exclude), progress=not quiet)
+        windows = reference_texts(detector.tokenizer, corpora, n, window, exclude, part)
+        scored = detector.detect(windows, progress=not quiet)
         ok = [r for r in scored if r.status == "ok"]
         p = np.array([r.p_value for r in ok if r.p_value is not None])
         per_length[str(L)] = length_record(np.array([r.score for r in ok]), p, alphas)
     reference = {
         "corpora": corpora,
-        "part": "heldout",
+        "part": part,
         "length": length,
         "model": model,
+        "base": base,
+        "backbone": detector.backbone,
         "key_id": detector.key.key_id,
         "n_permutations": config.n_permutations,
         "command": shlex.join(["openstamp", *sys.argv[1:]]),
@@ -97,7 +114,7 @@ def calibrate(
             {**record, "p_values": p_values.tolist(), "scores": [r.score for r in results]},
         )
         qq_plot(p_values, report / "pvalues_qq.png", f"permutation p-values on {len(p_values)} held-out texts")
-    table = Table(title=f"calibration on {record['n_texts']} held-out texts of {length} tokens")
+    table = Table(title=f"calibration on {record['n_texts']} texts of {length} tokens ({detector.backbone} backbone)")
     for column in ("target FPR", "LLR threshold", "observed FPR of p-values"):
         table.add_column(column)
     for a in alphas:

@@ -112,8 +112,11 @@ def store_calibration(key_dir: str | os.PathLike, record: dict[str, Any]) -> Non
     key.write_header(key_dir)
 
 
-def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude: set[str]) -> list[str]:
-    """``n`` windows of ``length`` tokens from the held-out part of ``corpora``, decoded to text.
+def reference_texts(
+    tokenizer, corpora: list[str], n: int, length: int, exclude: set[str], part: str = "heldout"
+) -> list[str]:
+    """``n`` windows of ``length`` tokens from ``part`` of ``corpora`` (``heldout``, or ``all`` for an owner's own
+    domain text, which built no key), decoded to text.
 
     Documents listed in ``exclude`` (sha256 of the texts that built the key) are skipped, and
     corpora are interleaved window by window.
@@ -121,7 +124,7 @@ def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude:
 
     per_corpus = []
     for spec in corpora:
-        docs = [d for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]
+        docs = [d for d in split_documents(load_documents(spec), part) if d.sha256 not in exclude]
         windows = []
         for ids in encode(tokenizer, [d.text for d in docs]):
             windows.extend(ids[i : i + length] for i in range(0, len(ids) - length + 1, length))
@@ -129,7 +132,7 @@ def reference_texts(tokenizer, corpora: list[str], n: int, length: int, exclude:
     mixed = [w for group in zip(*per_corpus, strict=False) for w in group]
     mixed += [w for windows in per_corpus for w in windows[min(map(len, per_corpus)) :]]
     if len(mixed) < n:
-        raise ValueError(f"the held-out reference text gives {len(mixed)} windows of {length} tokens, fewer than {n}")
+        raise ValueError(f"the {part} reference text gives {len(mixed)} windows of {length} tokens, fewer than {n}")
     return tokenizer.batch_decode(mixed[:n], skip_special_tokens=True)
 
 

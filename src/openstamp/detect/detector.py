@@ -13,6 +13,7 @@ benchmarks call:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -34,6 +35,8 @@ from openstamp.model.hidden import HiddenFn, final_hidden
 from openstamp.model.load import load_model, model_device
 from openstamp.model.patch import check_key, head, tied_head_mode, watermarked_copy
 from openstamp.model.text import bos_prefix
+
+log = logging.getLogger(__name__)
 
 
 class Detector:
@@ -82,6 +85,12 @@ class Detector:
         elif which == "original" and retied:
             model, which = watermarked_copy(model, key), "watermarked"  # the caller's model stays as it is
         self.backbone = "release" if retied and which == "watermarked" else "original"
+        calibrated_on = (key.meta.get("calibration") or {}).get("backbone")
+        if self.config.calibrated and calibrated_on not in (None, self.backbone):
+            log.warning(
+                "the key's thresholds were calibrated on the %s backbone and this detector reads the %s one: "
+                "calibrate again with the same --base as detection", calibrated_on, self.backbone
+            )  # fmt: skip
         self.model, self.tokenizer, self.key, self.hidden = model, tokenizer, key, hidden
         self.head = Head(head(model).weight.detach(), getattr(head(model), "bias", None), key, which == "watermarked")
         self.device = model_device(model)
