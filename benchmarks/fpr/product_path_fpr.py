@@ -11,6 +11,8 @@ its own: its G, centring and permutations) and its own re-tied release, and ever
 * ``release``: the release alone (``openstamp detect --model RELEASE``): its own backbone;
 * ``original``: the release with the base beside it (``--base BASE``): the base's backbone, the exact path.
 
+``--paths release`` scores the first only (half the time, on a model where the two were shown to agree).
+
 Texts are ``fpr_per_key.py``'s (its ``texts`` stage, in ``--out/texts``): human continuations of held-out news and
 Wikipedia prompts, the base model's samples (pure and at T 0.7 / top-p 0.9), and with ``--sources`` Gemma-3-270M's
 pure samples (``gemma3_pure``) and human code (``human_code``). Per source, path and alpha it reports
@@ -58,7 +60,7 @@ def build_keys(out: Path, args, model, tokenizer) -> list:
 
 
 def score(out: Path, args, sources: dict[str, list[str]]) -> dict:
-    """Each key's p-values of every source's texts on both paths (cached per key, path and source)."""
+    """Each key's p-values of every source's texts on each path of ``--paths`` (cached per key, path and source)."""
     import copy
 
     from openstamp.config import DetectConfig
@@ -68,11 +70,11 @@ def score(out: Path, args, sources: dict[str, list[str]]) -> dict:
 
     base, tokenizer = load_model(args.model)
     keys = build_keys(out, args, base, tokenizer)
-    found: dict = {path: {name: [] for name in sources} for path in PATHS}
+    found: dict = {path: {name: [] for name in sources} for path in args.paths}
     timings: dict = {}
     for j, key in enumerate(keys):
         release = None
-        for path in PATHS:
+        for path in args.paths:
             for name, texts in sources.items():
                 cache = out / "scores" / f"k{j:02d}_{path}_{name}.json"
                 if not cache.exists():
@@ -109,14 +111,18 @@ def main() -> None:
     parser.add_argument("--gen-dtype", default="bfloat16", help="dtype the public models generate in")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sources", default="human,base_pure,base_t0.7_p0.9")
+    parser.add_argument("--paths", default=",".join(PATHS), help="release (openstamp detect's default), original")
     parser.add_argument("--name", default="fpr_product_path", help="writes benchmarks/results/<name>.json")
     args = parser.parse_args()
     args.sources = [s for s in args.sources.split(",") if s]
+    args.paths = [p for p in args.paths.split(",") if p]
+    if unknown := set(args.paths) - set(PATHS):
+        raise SystemExit(f"unknown paths {sorted(unknown)}; choose from {list(PATHS)}")
     if unknown := set(args.sources) - set(SOURCES):
         raise SystemExit(f"unknown sources {sorted(unknown)}; choose from {list(SOURCES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(vars(args), default=str))
-    kept = lambda d: {k: v for k, v in d.items() if k not in ("sources", "name")}  # noqa: E731 - a run may add sources
+    kept = lambda d: {k: v for k, v in d.items() if k not in ("sources", "paths", "name")}  # noqa: E731 - or add some
     if (args.out / "settings.json").exists() and kept(read_json(args.out / "settings.json", "settings")) != kept(
         settings
     ):
@@ -130,7 +136,7 @@ def main() -> None:
             name: {f"{a:g}": fpr_summary(np.array(p).T, a) for a in ALPHAS}
             for name, p in scored["p_values"][path].items()
         }
-        for path in PATHS
+        for path in args.paths
     }
     for path, by_source in report.items():
         for name, by_alpha in by_source.items():
