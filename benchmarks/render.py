@@ -253,6 +253,20 @@ def key_spread(root: Path) -> list[str]:
     return table(["keys, texts", *FPR_COLUMNS], rows)
 
 
+def fpr_calibrated(root: Path) -> list[str]:
+    """Per-key FPR on a domain's held-out half (cross-fitted): the permutation p-value, and each key flagging with
+    thresholds calibrated on the domain's other half (fpr_calibrated.json)."""
+    rules = {"p_value": "p <= alpha", "calibrated": "calibrated on the domain"}
+    rows = [
+        fpr_row(f"{domain}, {label}", alpha, by_alpha[alpha][rule])
+        for domain, by_alpha in read(root / "fpr_calibrated.json")["domains"].items()
+        for rule, label in rules.items()
+        for alpha in by_alpha
+        if alpha != "n_texts_per_half"
+    ]
+    return table(["domain, rule", *FPR_COLUMNS], rows)
+
+
 def tail_check(root: Path) -> list[str]:
     """The tail bound against 10^5 permutations and against fresh keys, per key checked (tail_check*.json)."""
     rows = []
@@ -352,6 +366,7 @@ TABLES = {
     "fpr_product_path": fpr_product_path,
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
     "key_spread": key_spread,
+    "fpr_calibrated": fpr_calibrated,
     "tail_check": tail_check,
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
