@@ -52,7 +52,7 @@ def calibrate(
     cache_dir: Path | None = CacheOption,
     quiet: bool = typer.Option(False, help="no progress bar"),
 ) -> None:
-    """Score held-out human text, store LLR thresholds for target false-positive rates, check the p-values."""
+    """Score reference human text, store LLR thresholds for target false-positive rates, check the p-values."""
     import numpy as np
 
     from openstamp.config import DetectConfig
@@ -113,7 +113,7 @@ def calibrate(
             report / "calibration.json",
             {**record, "p_values": p_values.tolist(), "scores": [r.score for r in results]},
         )
-        qq_plot(p_values, report / "pvalues_qq.png", f"permutation p-values on {len(p_values)} held-out texts")
+        qq_plot(p_values, report / "pvalues_qq.png", f"permutation p-values on {len(p_values)} reference texts")
     table = Table(title=f"calibration on {record['n_texts']} texts of {length} tokens ({detector.backbone} backbone)")
     for column in ("target FPR", "LLR threshold", "observed FPR of p-values"):
         table.add_column(column)
