@@ -365,6 +365,7 @@ TABLES = {
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
     "fpr_product_path": fpr_product_path,
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
+    "fpr_product_path_qwen05_1000": partial(fpr_product_path, name="fpr_product_path_qwen05_1000"),
     "key_spread": key_spread,
     "fpr_calibrated": fpr_calibrated,
     "tail_check": tail_check,
