@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fpr/: product_path_fpr.py, fpr_scoring.py
 
 import numpy as np  # noqa: E402
-from common import saved_key, write_result  # noqa: E402
+from common import write_result  # noqa: E402
 from fpr_scoring import ALPHAS, fpr_summary  # noqa: E402
-from product_path_fpr import owner_secret  # noqa: E402
+from product_path_fpr import build_keys  # noqa: E402
 
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
@@ -94,14 +94,7 @@ def score(out: Path, args) -> dict:
     from openstamp.model.patch import apply_watermark
 
     base, tokenizer = load_model(args.model)
-    keys, states = [], None
-    for j in range(args.keys):
-        key, states = saved_key(
-            out / "keys" / f"k{j:02d}", base, tokenizer, model_spec=args.model, secret=owner_secret(j, args.seed),
-            profile=args.profile, corpus=args.corpus, states=states,
-        )  # fmt: skip
-        keys.append(key)
-    del states
+    keys = build_keys(out, args, base, tokenizer)  # product_path_fpr's owners: same secrets, same folders
     detectors = []
     for key in keys:  # each owner's own release, read with the base beside it (the release's copy is not kept)
         release = copy.deepcopy(base)
