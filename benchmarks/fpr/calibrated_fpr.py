@@ -13,7 +13,7 @@ the calibrated LLR threshold::
 Here ``product_path_fpr.py``'s owners (its secrets, ``--seed``; each key's re-tied release, read with the base
 beside it: ``Detector(release, ..., base=base)``) meet two domains, each split by document into two halves:
 
-* ``code``: windows of gensim's own Python source (as ``fpr_per_key.code_windows`` takes them), even-numbered files
+* ``code``: windows of gensim's own Python source (``fpr_per_key.code_files``), even-numbered files
   in one half and odd-numbered files in the other;
 * ``prose``: windows of held-out Wikipedia and news documents (none built the keys), alternate documents.
 
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # fpr/: product_path_f
 
 import numpy as np  # noqa: E402
 from common import write_result  # noqa: E402
+from fpr_per_key import code_files, in_turns  # noqa: E402
 from fpr_scoring import ALPHAS, fpr_summary  # noqa: E402
 from product_path_fpr import build_keys  # noqa: E402
 
@@ -47,22 +48,13 @@ DOMAINS = ("code", "prose")
 RULES = ("p_value", "calibrated")
 
 
-def in_turns(per_document: list[list[list[int]]]) -> list[list[int]]:
-    """Every document's first window, then every document's second, ...: no document fills the first n."""
-    longest = max(map(len, per_document), default=0)
-    return [windows[i] for i in range(longest) for windows in per_document if i < len(windows)]
-
-
 def domain_halves(tokenizer, domain: str, n: int, length: int, exclude: set[str]) -> tuple[list[str], list[str]]:
     """``n`` windows of ``length`` tokens from each half of a domain's documents (even- and odd-numbered)."""
     from openstamp import load_documents, split_documents
-    from openstamp.assets import package_dir
     from openstamp.model.text import encode
 
     if domain == "code":
-        root = package_dir("gensim")
-        files = sorted(f for f in root.rglob("*.py") if "test" not in f.relative_to(root).parts)
-        groups = [[f.read_text(encoding="utf-8") for f in files]]
+        groups = [[f.read_text(encoding="utf-8") for f in code_files()]]
     else:
         groups = [
             [d.text for d in split_documents(load_documents(spec), "heldout") if d.sha256 not in exclude]

@@ -84,20 +84,28 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
 def code_windows(tokenizer, n: int, tokens: int) -> list[str]:
     """``n`` windows of ``tokens`` tokens of human-written Python: gensim's own source (not its tests), taking the
     files' consecutive windows one file at a time in turn (file 1's first, file 2's first, ..., file 1's second)."""
-    from openstamp.assets import package_dir
-
-    root = package_dir("gensim")
-    files = sorted(f for f in root.rglob("*.py") if "test" not in f.relative_to(root).parts)
     per_file = []
-    for f in files:
+    for f in code_files():
         ids = tokenizer(f.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
         per_file.append([ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens)])
-    turns = []
-    for i in range(max(map(len, per_file))):
-        turns.extend(windows[i] for windows in per_file if i < len(windows))
+    turns = in_turns(per_file)
     if len(turns) < n:
         raise SystemExit(f"only {len(turns)} code windows of {tokens} tokens; lower --n")
     return tokenizer.batch_decode(turns[:n], skip_special_tokens=True)
+
+
+def code_files() -> list[Path]:
+    """gensim's own Python source files (not its tests), sorted: the human code every FPR run reads."""
+    from openstamp.assets import package_dir
+
+    root = package_dir("gensim")
+    return sorted(f for f in root.rglob("*.py") if "test" not in f.relative_to(root).parts)
+
+
+def in_turns(per_document: list[list[list[int]]]) -> list[list[int]]:
+    """Every document's first window, then every document's second, ...: no document fills the first n."""
+    longest = max(map(len, per_document), default=0)
+    return [windows[i] for i in range(longest) for windows in per_document if i < len(windows)]
 
 
 def load_source(out: Path, name: str) -> list[str]:
