@@ -127,6 +127,25 @@ def write_result(name: str, data: dict) -> Path:
     return path
 
 
+def claim_run(out: Path, settings: dict, free: tuple[str, ...] = ()) -> dict:
+    """Record ``settings`` (JSON-able values) in ``out/settings.json``, or refuse when ``out`` already holds a run
+    whose settings differ in any field but ``free`` (those a re-run may change, such as which sources it adds).
+    Returns the settings as written: what the result should record."""
+    from openstamp.storage import atomic_write_json, read_json
+
+    settings = json.loads(json.dumps(settings, default=str))
+    path = out / "settings.json"
+    if path.exists():
+        before = read_json(path, "settings")
+        keys = (before.keys() | settings.keys()) - set(free)
+        changed = sorted(k for k in keys if before.get(k) != settings.get(k))
+        if changed:
+            raise SystemExit(f"{out} holds a run with other settings ({', '.join(changed)}); choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, settings)
+    return settings
+
+
 def heldout_windows(tokenizer, n: int, prompt_tokens: int, new_tokens: int, exclude: set[str] = frozenset()):
     """``n`` (prompt ids, human continuation ids) windows from held-out news and Wikipedia, interleaved.
 

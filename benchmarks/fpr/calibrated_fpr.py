@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fpr/: product_path_fpr.py, fpr_scoring.py
 
 import numpy as np  # noqa: E402
-from common import write_result  # noqa: E402
+from common import claim_run, write_result  # noqa: E402
 from fpr_per_key import code_files, in_turns  # noqa: E402
 from fpr_scoring import ALPHAS, fpr_summary  # noqa: E402
 from product_path_fpr import build_keys  # noqa: E402
@@ -150,14 +149,7 @@ def main() -> None:
     args.domains = [d for d in args.domains.split(",") if d]
     if unknown := set(args.domains) - set(DOMAINS):
         raise SystemExit(f"unknown domains {sorted(unknown)}; choose from {list(DOMAINS)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(json.dumps(vars(args), default=str))
-    kept = lambda d: {k: v for k, v in d.items() if k not in ("domains", "name")}  # noqa: E731 - a run may add domains
-    if (args.out / "settings.json").exists() and kept(read_json(args.out / "settings.json", "settings")) != kept(
-        settings
-    ):
-        raise SystemExit(f"{args.out} holds a run with other settings; choose another --out")
-    atomic_write_json(args.out / "settings.json", settings)
+    settings = claim_run(args.out, vars(args), free=("domains", "name"))  # a re-run may add domains
     scored = score(args.out, args)
     report = {domain: summarise(halves) for domain, halves in scored["found"].items()}
     for domain, by_alpha in report.items():

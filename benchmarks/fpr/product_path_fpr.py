@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fpr/: fpr_per_key.py, fpr_scoring.py
 
 import numpy as np  # noqa: E402
-from common import saved_key  # noqa: E402
+from common import claim_run, saved_key  # noqa: E402
 from fpr_per_key import SOURCES, load_source, stage_texts  # noqa: E402
 from fpr_scoring import ALPHAS, fpr_summary  # noqa: E402
 
@@ -120,14 +119,7 @@ def main() -> None:
         raise SystemExit(f"unknown paths {sorted(unknown)}; choose from {list(PATHS)}")
     if unknown := set(args.sources) - set(SOURCES):
         raise SystemExit(f"unknown sources {sorted(unknown)}; choose from {list(SOURCES)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(json.dumps(vars(args), default=str))
-    kept = lambda d: {k: v for k, v in d.items() if k not in ("sources", "paths", "name")}  # noqa: E731 - or add some
-    if (args.out / "settings.json").exists() and kept(read_json(args.out / "settings.json", "settings")) != kept(
-        settings
-    ):
-        raise SystemExit(f"{args.out} holds a run with other settings; choose another --out")
-    atomic_write_json(args.out / "settings.json", settings)
+    settings = claim_run(args.out, vars(args), free=("sources", "paths", "name"))  # a re-run may add sources
     stage_texts(args.out, args)
     sources = {name: load_source(args.out, name)[: args.n] for name in args.sources}
     scored = score(args.out, args, sources)

@@ -45,7 +45,6 @@ import argparse
 import copy
 import dataclasses
 import hashlib
-import json
 import math
 import statistics
 import sys
@@ -54,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-from common import saved_key, write_result  # noqa: E402
+from common import claim_run, saved_key, write_result  # noqa: E402
 
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
@@ -279,14 +278,7 @@ def choose(grid: list[dict], n: int, target: float) -> dict:
 
 def main() -> None:
     args = parse()
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(json.dumps(vars(args), default=str))
-    kept = lambda d: {k: v for k, v in d.items() if k not in ("deltas", "name", "quick")}  # noqa: E731
-    if (args.out / "settings.json").exists() and kept(read_json(args.out / "settings.json", "settings")) != kept(
-        settings
-    ):
-        raise SystemExit(f"{args.out} holds a run with other settings; choose another --out")
-    atomic_write_json(args.out / "settings.json", settings)
+    settings = claim_run(args.out, vars(args), free=("deltas", "name", "quick"))
 
     import torch
 

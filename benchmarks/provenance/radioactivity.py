@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import random
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 import torch  # noqa: E402
-from common import write_result  # noqa: E402
+from common import claim_run, write_result  # noqa: E402
 
 from openstamp import (  # noqa: E402
     DetectConfig,
@@ -212,12 +211,7 @@ def main() -> None:
     teacher_ks = [k for k in ks if k <= args.teacher_samples] or ks[:1]
     args.teacher_samples = max(args.teacher_samples, teacher_ks[-1])
 
-    settings = json.loads(json.dumps({**vars(args), "ks": ks, "teacher_ks": teacher_ks}, default=str))
-    kept = lambda d: {k: v for k, v in d.items() if k not in ("name", "out")}  # noqa: E731
-    args.out.mkdir(parents=True, exist_ok=True)
-    if (args.out / "settings.json").exists() and kept(read_json(args.out / "settings.json")) != kept(settings):
-        raise SystemExit(f"{args.out} holds a run with other settings; choose another --out")
-    atomic_write_json(args.out / "settings.json", settings)
+    settings = claim_run(args.out, {**vars(args), "ks": ks, "teacher_ks": teacher_ks}, free=("name", "out"))
     started = time.perf_counter()
 
     key = WatermarkKey.load(args.key)

@@ -1,0 +1,25 @@
+"""benchmarks/common.py: a run directory records its settings and refuses a re-run with other ones."""
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    import common
+
+    return common
+
+
+def test_claim_run_resumes_with_free_fields_changed_and_refuses_others(common, tmp_path):
+    out = tmp_path / "run"
+    first = common.claim_run(out, {"out": out, "keys": 10, "sources": ["human"]}, free=("sources",))
+    assert first == {"out": str(out), "keys": 10, "sources": ["human"]}  # JSON-able: the path as text
+    again = common.claim_run(out, {"out": out, "keys": 10, "sources": ["human", "code"]}, free=("sources",))
+    assert (out / "settings.json").read_text().count("code") == 1 and again["sources"] == ["human", "code"]
+    with pytest.raises(SystemExit, match=r"holds a run with other settings \(keys\)"):
+        common.claim_run(out, {"out": out, "keys": 5, "sources": ["human"]}, free=("sources",))
+    with pytest.raises(SystemExit, match=r"other settings \(seed\)"):  # a field the first run did not have
+        common.claim_run(out, {"out": out, "keys": 10, "sources": [], "seed": 1}, free=("sources",))
