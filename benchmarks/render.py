@@ -179,13 +179,13 @@ def lengths(root: Path, cost: float = 0.10) -> list[str]:
 
 # -- is the false-positive rate right for one key
 
-SOURCES = {
-    "base_pure": "original model, pure sampling",
-    "base_t0.7_p0.9": "original model, T 0.7 / top-p 0.9",
-    "human": "human continuations",
-    "gemma3_pure": "Gemma-3-270M, pure sampling",
-    "human_code": "human code (gensim's Python)",
-}
+
+def label(source: str) -> str:
+    """A source of unwatermarked text as the tables name it: its label in ``fpr/fpr_per_key.py``'s SOURCES."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "fpr"))
+    from fpr_per_key import SOURCES
+
+    return SOURCES[source].label if source in SOURCES else source
 
 
 def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
@@ -193,7 +193,7 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
     for source, src in read(root / f"{name}.json")["sources"].items():
         for alpha, f in src["exact_m"].items():
             rows.append(
-                [SOURCES.get(source, source), alpha, f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}"]
+                [label(source), alpha, f"{f['median_fpr']:.4f}", f"{f['max_fpr']:.4f}"]
                 + [f"{f['keys_with_estimate_in_band']}/{f['n_keys']}", str(f["keys_above_band_significantly"])]
                 + [f"{f['dispersion_p']:.3f}"]
             )
@@ -205,7 +205,7 @@ def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[st
     """Per-key FPR of re-tied releases scored as ``openstamp detect`` scores, on the release's backbone and the
     base's (``benchmarks/fpr/product_path_fpr.py``); the pooled rate with its exact interval."""
     rows = [
-        fpr_row(f"{SOURCES.get(source, source)}, {path} backbone", alpha, f)
+        fpr_row(f"{label(source)}, {path} backbone", alpha, f)
         for path, by_source in read(root / f"{name}.json")["paths"].items()
         for source, by_alpha in by_source.items()
         for alpha, f in by_alpha.items()

@@ -10,7 +10,8 @@ key by key, not only on average over random keys. This script:
    the original (public base) model with pure sampling, the same at temperature 0.7 / top-p 0.9,
    the human continuations, Gemma-3-270M's completions (another model, another tokenizer), and
    human code (``human_code``: windows of gensim's own Python source, a pinned package, one window
-   from each file in turn, so that no file dominates).
+   from each file in turn, so that no file dominates). One corpus at a time, the same way: ``human_news``
+   (every Lee news article: the keys are built on Wikipedia) and ``human_wikipedia`` (its held-out half).
 2. ``key``: builds one key on the model under test (``--model``, the packaged SmolLM2 by default; the
    ``default`` profile users get).
 3. ``score``: scores every text once through the backbone and derives, for ``keys`` owners, the
@@ -29,30 +30,45 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 from common import heldout_windows  # noqa: E402
 
-from openstamp.model.load import load_model  # noqa: E402
 from openstamp.storage import atomic_write_json, read_json  # noqa: E402
 
-SOURCES = {  # name -> (model, temperature, top_p); None: the model under test (--model); "human" is the real text
-    "base_pure": (None, 1.0, 1.0),
-    "base_t0.7_p0.9": (None, 0.7, 0.9),
-    "human": (None, None, None),
-    "gemma3_pure": ("gemma3-270m", 1.0, 1.0),
-    "human_code": (None, None, None),
+
+@dataclass(frozen=True)
+class Source:
+    """One source of unwatermarked text: sampled by a model from the held-out prompts, or real text (``temperature``
+    None). ``label`` is how the tables name it."""
+
+    label: str
+    model: str | None = None  # None: the model under test (--model)
+    temperature: float | None = None
+    top_p: float = 1.0
+
+
+SOURCES = {
+    "base_pure": Source("original model, pure sampling", temperature=1.0),
+    "base_t0.7_p0.9": Source("original model, T 0.7 / top-p 0.9", temperature=0.7, top_p=0.9),
+    "human": Source("human continuations"),  # the held-out prompts' own continuations: news and Wikipedia, in turn
+    "gemma3_pure": Source("Gemma-3-270M, pure sampling", model="gemma3-270m", temperature=1.0),
+    "human_code": Source("human code (gensim's Python)"),
+    "human_news": Source("human news (Lee articles)"),
+    "human_wikipedia": Source("human Wikipedia (held-out articles)"),
 }
-HUMAN = ("human", "human_code")  # real text, not sampled
+HUMAN = tuple(name for name, source in SOURCES.items() if source.temperature is None)  # real text, not sampled
 
 
 def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None:
     """Completions of every prompt from one source, batch files under out/texts/<name>/ (resumable)."""
     from openstamp.model.generate import sample_completions
+    from openstamp.model.load import load_model
 
-    spec, temperature, top_p = SOURCES[name]
+    source = SOURCES[name]
     directory = out / "texts" / name
     directory.mkdir(parents=True, exist_ok=True)
     model = tokenizer = None
@@ -61,7 +77,7 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
         if path.exists():
             continue
         if model is None:
-            model, tokenizer = load_model(spec or args.model, dtype=args.gen_dtype)
+            model, tokenizer = load_model(source.model or args.model, dtype=args.gen_dtype)
         began = time.perf_counter()
         prompts = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts_text[start : start + args.batch]]
         ids = sample_completions(
@@ -69,8 +85,8 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
             tokenizer,
             prompts,
             args.new_tokens,
-            temperature=temperature,
-            top_p=top_p,
+            temperature=source.temperature,
+            top_p=source.top_p,
             seed=args.seed * 100_003 + b,
             batch_size=args.batch,
             progress=False,
@@ -81,17 +97,32 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
         print(f"[texts] {name} batch {b + 1}/{-(-len(prompts_text) // args.batch)}: {rate:.0f} tok/s", flush=True)
 
 
-def code_windows(tokenizer, n: int, tokens: int) -> list[str]:
-    """``n`` windows of ``tokens`` tokens of human-written Python: gensim's own source (not its tests), taking the
-    files' consecutive windows one file at a time in turn (file 1's first, file 2's first, ..., file 1's second)."""
-    per_file = []
-    for f in code_files():
-        ids = tokenizer(f.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
-        per_file.append([ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens)])
-    turns = in_turns(per_file)
+def windows(tokenizer, documents: list[str], n: int, tokens: int, what: str) -> list[str]:
+    """``n`` windows of ``tokens`` tokens, each document's consecutive windows taken in turn (``in_turns``)."""
+    per_document = []
+    for text in documents:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        per_document.append([ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens)])
+    turns = in_turns(per_document)
     if len(turns) < n:
-        raise SystemExit(f"only {len(turns)} code windows of {tokens} tokens; lower --n")
+        raise SystemExit(f"only {len(turns)} {what} windows of {tokens} tokens; lower --n")
     return tokenizer.batch_decode(turns[:n], skip_special_tokens=True)
+
+
+def code_windows(tokenizer, n: int, tokens: int) -> list[str]:
+    """Human-written Python: gensim's own source (not its tests), file 1's first window, file 2's first, ..."""
+    return windows(tokenizer, [f.read_text(encoding="utf-8") for f in code_files()], n, tokens, "code")
+
+
+def corpus_windows(tokenizer, spec: str, key_corpus: str, n: int, tokens: int) -> list[str]:
+    """One packaged corpus's articles, each in turn: every article of a corpus the keys were not built on, and the
+    held-out half of the one they were (no document that built a key is read)."""
+    from openstamp import load_documents, split_documents
+
+    documents = load_documents(spec)
+    if spec == key_corpus:
+        documents = split_documents(documents, "heldout")
+    return windows(tokenizer, [d.text for d in documents], n, tokens, spec)
 
 
 def code_files() -> list[Path]:
@@ -116,6 +147,8 @@ def load_source(out: Path, name: str) -> list[str]:
 
 
 def stage_texts(out: Path, args) -> None:
+    from openstamp.model.load import load_model
+
     _, tokenizer = load_model(args.model)
     path = out / "texts" / "prompts.json"
     if not path.exists():
@@ -125,8 +158,14 @@ def stage_texts(out: Path, args) -> None:
         atomic_write_json(
             out / "texts" / "human.json", tokenizer.batch_decode([h for _, h in windows], skip_special_tokens=True)
         )
-    if "human_code" in args.sources and not (out / "texts" / "human_code.json").exists():
-        atomic_write_json(out / "texts" / "human_code.json", code_windows(tokenizer, args.n, args.new_tokens))
+    made = {
+        "human_code": lambda: code_windows(tokenizer, args.n, args.new_tokens),
+        "human_news": lambda: corpus_windows(tokenizer, "news", args.corpus, args.n, args.new_tokens),
+        "human_wikipedia": lambda: corpus_windows(tokenizer, "wikipedia", args.corpus, args.n, args.new_tokens),
+    }
+    for name, make in made.items():
+        if name in args.sources and not (out / "texts" / f"{name}.json").exists():
+            atomic_write_json(out / "texts" / f"{name}.json", make())
     prompts = read_json(path, "prompts")
     for name in args.sources:
         if name not in HUMAN:
@@ -142,7 +181,7 @@ def stage_key(out: Path, args) -> None:
         return
     embed(
         args.model,
-        "wikipedia",
+        args.corpus,
         out / "model",
         out / "key",
         load_profile(args.profile),
@@ -163,6 +202,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--gen-dtype", default="bfloat16", help="dtype users run the public models in")
     parser.add_argument("--profile", default="default")
+    parser.add_argument("--corpus", default="wikipedia", help="the key's documents (no text is drawn from them)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sources", default=",".join(SOURCES), help="comma-separated subset to generate or score")
     parser.add_argument("--name", default="fpr_per_key", help="writes benchmarks/results/<name>.json")

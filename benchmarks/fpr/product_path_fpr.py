@@ -15,10 +15,10 @@ its own: its G, centring and permutations) and its own re-tied release, and ever
 
 Texts are ``fpr_per_key.py``'s (its ``texts`` stage, in ``--out/texts``): human continuations of held-out news and
 Wikipedia prompts, the base model's samples (pure and at T 0.7 / top-p 0.9), and with ``--sources`` Gemma-3-270M's
-pure samples (``gemma3_pure``) and human code (``human_code``). Per source, path and alpha it reports
-the per-key FPR, each key's Clopper-Pearson interval, the pooled rate and the chi-square spread test
-(``fpr_scoring.fpr_summary``). Every (key, path, source) is cached under ``--out``; re-running resumes. Writes
-benchmarks/results/<name>.json atomically.
+pure samples (``gemma3_pure``), human code (``human_code``), news alone (``human_news``) and Wikipedia alone
+(``human_wikipedia``). Per source, path and alpha it reports the per-key FPR, each key's Clopper-Pearson interval,
+the pooled rate and the chi-square spread test (``fpr_scoring.fpr_summary``). Every (key, path, source) is cached
+under ``--out``; re-running resumes. Writes benchmarks/results/<name>.json atomically.
 """
 
 from __future__ import annotations
