@@ -213,6 +213,36 @@ def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[st
     return table(["source, path", *FPR_COLUMNS], rows)
 
 
+RELEASE_RUNS = (  # (model, results file) of product_path_fpr.py runs: the per-key FPR on the path detect takes
+    ("SmolLM2-135M", "fpr_product_path_1000"),
+    ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_1000"),
+)
+
+
+def fpr_release_path(root: Path, runs: tuple[tuple[str, str], ...] = RELEASE_RUNS) -> list[str]:
+    """Each model's sources on the release path (``openstamp detect`` without ``--base``): at each alpha the pooled
+    rate over every key's texts with its exact interval, the highest key, and the keys significantly above 2 alpha."""
+    from openstamp.detect.rates import clopper_pearson
+
+    rows = []
+    for model, name in runs:
+        data = read(root / f"{name}.json")
+        for source, by_alpha in data["paths"]["release"].items():
+            n = by_alpha["0.01"]["n_texts"] * by_alpha["0.01"]["n_keys"]
+            cells = [f"{model}, {label(source)}", f"{by_alpha['0.01']['n_keys']} x {by_alpha['0.01']['n_texts']}"]
+            for alpha in ("0.01", "0.001"):
+                f = by_alpha[alpha]
+                hits = round(f["pooled_fpr"] * n)
+                low, high = clopper_pearson(hits, n)
+                cells += [f"{hits / n:.4f} [{low:.4f}, {high:.4f}]", f"{f['max_fpr']:.4f}"]
+                cells.append(str(f["keys_above_band_significantly"]))
+            rows.append(cells)
+    header = ["model, source", "keys x texts"]
+    for alpha in ("0.01", "0.001"):
+        header += [f"FPR at {alpha} [95% CI]", "max key", "keys surely above 2a"]
+    return table(header, rows)
+
+
 FPR_COLUMNS = [
     "alpha",
     "pooled FPR [95% CI]",
@@ -364,6 +394,7 @@ TABLES = {
     "fpr_per_key_default": partial(fpr_per_key, name="fpr_per_key_default"),
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
     "fpr_product_path": fpr_product_path,
+    "fpr_release_path": fpr_release_path,
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
     "fpr_product_path_qwen05_1000": partial(fpr_product_path, name="fpr_product_path_qwen05_1000"),
     "key_spread": key_spread,
