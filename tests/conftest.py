@@ -33,6 +33,24 @@ def no_shared_eval_store():
         yield
 
 
+@pytest.fixture
+def benchmark(monkeypatch):
+    """Import a script of benchmarks/ by its path there ("fpr/calibrated_fpr"), with benchmarks/ (common.py) and its
+    own folder on sys.path for this test only, as the script sees them when run from the repository root."""
+    import importlib
+
+    root = Path(__file__).parent.parent / "benchmarks"
+
+    def load(path: str):
+        folder, _, name = path.rpartition("/")
+        monkeypatch.syspath_prepend(str(root))
+        if folder:
+            monkeypatch.syspath_prepend(str(root / folder))
+        return importlib.import_module(name)
+
+    return load
+
+
 def make_corpus(n_docs: int = 40, words_per_doc: int = 220, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     docs = []

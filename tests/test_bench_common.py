@@ -1,16 +1,11 @@
 """benchmarks/common.py: a run directory records its settings and refuses a re-run with other ones."""
 
-from pathlib import Path
-
 import pytest
 
 
 @pytest.fixture
-def common(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
-    import common
-
-    return common
+def common(benchmark):
+    return benchmark("common")
 
 
 def test_claim_run_resumes_with_free_fields_changed_and_refuses_others(common, tmp_path):

@@ -11,14 +11,8 @@ from openstamp.lab.evaluation.budget import ceiling_separation, cost_nats, separ
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    benchmarks = Path(__file__).parent.parent / "benchmarks"
-    monkeypatch.syspath_prepend(str(benchmarks))  # common.py, render.py
-    monkeypatch.syspath_prepend(str(benchmarks / "frontier"))
-    import detection_budget
-    import render
-
-    return detection_budget, render
+def bench(benchmark):
+    return benchmark("frontier/detection_budget"), benchmark("render")
 
 
 def run(method: str, strength: float, seed: int, tpr: float, change: float, rng) -> dict:

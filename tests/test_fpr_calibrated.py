@@ -1,19 +1,12 @@
 """benchmarks/fpr/calibrated_fpr.py: cross-fitted per-key rates, each half tested with the other half's threshold."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 
 @pytest.fixture
-def calibrated(monkeypatch):
-    root = Path(__file__).parent.parent / "benchmarks"
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.syspath_prepend(str(root / "fpr"))
-    import calibrated_fpr
-
-    return calibrated_fpr
+def calibrated(benchmark):
+    return benchmark("fpr/calibrated_fpr")
 
 
 def halves(scores: np.ndarray, p: np.ndarray) -> list[dict]:

@@ -1,7 +1,5 @@
 """benchmarks/fpr/fpr_per_key.py: the human sources read documents in turn and never a document that built a key."""
 
-from pathlib import Path
-
 import pytest
 
 
@@ -16,13 +14,8 @@ class Chars:
 
 
 @pytest.fixture
-def per_key(monkeypatch):
-    root = Path(__file__).parent.parent / "benchmarks"
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.syspath_prepend(str(root / "fpr"))
-    import fpr_per_key
-
-    return fpr_per_key
+def per_key(benchmark):
+    return benchmark("fpr/fpr_per_key")
 
 
 def test_windows_take_each_document_in_turn_and_refuse_too_few(per_key):

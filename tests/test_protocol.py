@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +11,8 @@ from openstamp.corpus import Document, load_documents
 
 
 @pytest.fixture
-def protocol(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks" / "frontier"))
-    import protocol
-
-    return protocol
+def protocol(benchmark):
+    return benchmark("frontier/protocol")
 
 
 def documents(n=400):
