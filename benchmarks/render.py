@@ -182,7 +182,8 @@ def lengths(root: Path, cost: float = 0.10) -> list[str]:
 
 def label(source: str) -> str:
     """A source of unwatermarked text as the tables name it: its label in ``fpr/fpr_per_key.py``'s SOURCES."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "fpr"))
+    if (folder := str(Path(__file__).resolve().parent / "fpr")) not in sys.path:
+        sys.path.insert(0, folder)
     from fpr_per_key import SOURCES
 
     return SOURCES[source].label if source in SOURCES else source
@@ -222,21 +223,12 @@ RELEASE_RUNS = (  # (model, results file) of product_path_fpr.py runs: the per-k
 def fpr_release_path(root: Path, runs: tuple[tuple[str, str], ...] = RELEASE_RUNS) -> list[str]:
     """Each model's sources on the release path (``openstamp detect`` without ``--base``): at each alpha the pooled
     rate over every key's texts with its exact interval, the highest key, and the keys significantly above 2 alpha."""
-    from openstamp.detect.rates import clopper_pearson
-
     rows = []
     for model, name in runs:
-        data = read(root / f"{name}.json")
-        for source, by_alpha in data["paths"]["release"].items():
-            n = by_alpha["0.01"]["n_texts"] * by_alpha["0.01"]["n_keys"]
-            cells = [f"{model}, {label(source)}", f"{by_alpha['0.01']['n_keys']} x {by_alpha['0.01']['n_texts']}"]
-            for alpha in ("0.01", "0.001"):
-                f = by_alpha[alpha]
-                hits = round(f["pooled_fpr"] * n)
-                low, high = clopper_pearson(hits, n)
-                cells += [f"{hits / n:.4f} [{low:.4f}, {high:.4f}]", f"{f['max_fpr']:.4f}"]
-                cells.append(str(f["keys_above_band_significantly"]))
-            rows.append(cells)
+        for source, by_alpha in read(root / f"{name}.json")["paths"]["release"].items():
+            at = {alpha: fpr_row("", alpha, f) for alpha, f in by_alpha.items()}  # FPR_COLUMNS' cells
+            rows.append([f"{model}, {label(source)}", at["0.01"][6]])
+            rows[-1] += [cell for alpha in ("0.01", "0.001") for cell in (at[alpha][2], at[alpha][4], at[alpha][5])]
     header = ["model, source", "keys x texts"]
     for alpha in ("0.01", "0.001"):
         header += [f"FPR at {alpha} [95% CI]", "max key", "keys surely above 2a"]

@@ -54,7 +54,7 @@ class Source:
 SOURCES = {
     "base_pure": Source("original model, pure sampling", temperature=1.0),
     "base_t0.7_p0.9": Source("original model, T 0.7 / top-p 0.9", temperature=0.7, top_p=0.9),
-    "human": Source("human continuations"),  # the held-out prompts' own continuations: news and Wikipedia, in turn
+    "human": Source("human continuations (news, Wikipedia)"),  # the held-out prompts' own, the two in turn
     "gemma3_pure": Source("Gemma-3-270M, pure sampling", model="gemma3-270m", temperature=1.0),
     "human_code": Source("human code (gensim's Python)"),
     "human_news": Source("human news (Lee articles)"),
