@@ -451,6 +451,18 @@ fpr() {
   bash scripts/install_assets.sh qwen05
   $PY benchmarks/fpr/fpr_per_key.py --model qwen2.5-coder-0.5b --out runs/fpr-qwen05 --keys 5 --n 500 \
     --sources base_pure,human --name fpr_per_key_qwen05
+  # the product's path: 10 default keys, each with its own re-tied release, scored as openstamp detect scores (with
+  # and without --base); then news and Wikipedia alone, Qwen's release path, and per-key calibration on a domain
+  local pp="--keys 10 --n 1000 --new-tokens 64 --gen-dtype float32"
+  $PY benchmarks/fpr/product_path_fpr.py $pp --sources human,base_pure,base_t0.7_p0.9,gemma3_pure,human_code \
+    --out runs/fpr_product --name fpr_product_path_1000
+  $PY benchmarks/fpr/product_path_fpr.py $pp --sources human_news,human_wikipedia --paths release \
+    --out runs/fpr_product --name fpr_product_path_corpora
+  $PY benchmarks/fpr/product_path_fpr.py $pp --model qwen2.5-coder-0.5b --n 300 --sources human \
+    --out runs/fpr_product_qwen --name fpr_product_path_qwen05
+  $PY benchmarks/fpr/product_path_fpr.py $pp --model qwen2.5-coder-0.5b --sources human,base_pure --paths release \
+    --out runs/fpr_product_qwen1000 --name fpr_product_path_qwen05_1000
+  $PY benchmarks/fpr/calibrated_fpr.py --keys 10 --n 1500
   # the family-wise FPR of 5 keys (Holm) on 1000 human windows, and detection of chat-formatted assistant turns
   $PY benchmarks/fpr/multikey_fpr.py --n 1000 --keys 5 --length 64 --profile small --out runs/multikey
   $PY benchmarks/quality/chat_detect.py --n 64 --new-tokens 160 --out runs/chat_detect
