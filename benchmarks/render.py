@@ -216,6 +216,7 @@ def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[st
 
 RELEASE_RUNS = (  # (model, results file) of product_path_fpr.py runs: the per-key FPR on the path detect takes
     ("SmolLM2-135M", "fpr_product_path_1000"),
+    ("SmolLM2-135M", "fpr_product_path_corpora"),
     ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_1000"),
 )
 
@@ -387,6 +388,7 @@ TABLES = {
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
     "fpr_product_path": fpr_product_path,
     "fpr_release_path": fpr_release_path,
+    "fpr_product_path_corpora": partial(fpr_product_path, name="fpr_product_path_corpora"),
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
     "fpr_product_path_qwen05_1000": partial(fpr_product_path, name="fpr_product_path_qwen05_1000"),
     "key_spread": key_spread,
