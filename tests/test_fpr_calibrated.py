@@ -44,6 +44,6 @@ def test_the_threshold_is_never_tried_on_the_texts_that_set_it(calibrated):
         assert report[alpha]["calibrated"]["per_key_fpr"] == [0.5]  # half 0 flags none, half 1 flags all
 
 
-def test_windows_come_in_turns_so_no_document_fills_the_first_n(calibrated):
+def test_windows_come_in_turns_so_no_document_fills_the_first_n(benchmark):
     docs = [[[1], [2], [3]], [[4]], [[5], [6]]]
-    assert calibrated.in_turns(docs) == [[1], [4], [5], [2], [6], [3]]
+    assert benchmark("fpr/fpr_per_key").in_turns(docs) == [[1], [4], [5], [2], [6], [3]]

@@ -6,8 +6,8 @@ import pytest
 class Chars:
     """A tokenizer whose tokens are characters: windows are then substrings of the documents."""
 
-    def __call__(self, text, add_special_tokens=False):
-        return type("Encoded", (), {"input_ids": [ord(c) for c in text]})()
+    def __call__(self, texts, add_special_tokens=False):
+        return type("Encoded", (), {"input_ids": [[ord(c) for c in text] for text in texts]})()
 
     def batch_decode(self, ids, skip_special_tokens=True):
         return ["".join(map(chr, window)) for window in ids]

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # fpr/: product_path_f
 
 import numpy as np  # noqa: E402
 from common import claim_run, write_result  # noqa: E402
-from fpr_per_key import code_files, in_turns  # noqa: E402
+from fpr_per_key import code_files, token_windows  # noqa: E402
 from fpr_scoring import ALPHAS, fpr_summary  # noqa: E402
 from product_path_fpr import build_keys  # noqa: E402
 
@@ -50,7 +50,6 @@ RULES = ("p_value", "calibrated")
 def domain_halves(tokenizer, domain: str, n: int, length: int, exclude: set[str]) -> tuple[list[str], list[str]]:
     """``n`` windows of ``length`` tokens from each half of a domain's documents (even- and odd-numbered)."""
     from openstamp import load_documents, split_documents
-    from openstamp.model.text import encode
 
     if domain == "code":
         groups = [[f.read_text(encoding="utf-8") for f in code_files()]]
@@ -63,11 +62,7 @@ def domain_halves(tokenizer, domain: str, n: int, length: int, exclude: set[str]
     for half in (0, 1):
         per_group = []
         for docs in groups:
-            per_document = [
-                [ids[s : s + length] for s in range(0, len(ids) - length + 1, length)]
-                for ids in encode(tokenizer, docs[half::2])
-            ]
-            per_group.append(in_turns(per_document))
+            per_group.append(token_windows(tokenizer, docs[half::2], length))
         mixed = [w for row in zip(*per_group, strict=False) for w in row]  # corpora interleaved window by window
         mixed += [w for windows in per_group for w in windows[min(map(len, per_group)) :]]
         if len(mixed) < n:

@@ -97,13 +97,18 @@ def generate_source(out: Path, name: str, prompts_text: list[str], args) -> None
         print(f"[texts] {name} batch {b + 1}/{-(-len(prompts_text) // args.batch)}: {rate:.0f} tok/s", flush=True)
 
 
+def token_windows(tokenizer, documents: list[str], tokens: int) -> list[list[int]]:
+    """Every document's consecutive windows of ``tokens`` token ids, taken in turn (``in_turns``)."""
+    from openstamp.model.text import encode
+
+    return in_turns(
+        [[ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens)] for ids in encode(tokenizer, documents)]
+    )
+
+
 def windows(tokenizer, documents: list[str], n: int, tokens: int, what: str) -> list[str]:
-    """``n`` windows of ``tokens`` tokens, each document's consecutive windows taken in turn (``in_turns``)."""
-    per_document = []
-    for text in documents:
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        per_document.append([ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens)])
-    turns = in_turns(per_document)
+    """``n`` windows of ``tokens`` tokens, each document's consecutive windows taken in turn (``token_windows``)."""
+    turns = token_windows(tokenizer, documents, tokens)
     if len(turns) < n:
         raise SystemExit(f"only {len(turns)} {what} windows of {tokens} tokens; lower --n")
     return tokenizer.batch_decode(turns[:n], skip_special_tokens=True)
