@@ -227,9 +227,13 @@ def fpr_release_path(root: Path, runs: tuple[tuple[str, str], ...] = RELEASE_RUN
     rows = []
     for model, name in runs:
         for source, by_alpha in read(root / f"{name}.json")["paths"]["release"].items():
-            at = {alpha: fpr_row("", alpha, f) for alpha, f in by_alpha.items()}  # FPR_COLUMNS' cells
-            rows.append([f"{model}, {label(source)}", at["0.01"][6]])
-            rows[-1] += [cell for alpha in ("0.01", "0.001") for cell in (at[alpha][2], at[alpha][4], at[alpha][5])]
+            at = {
+                alpha: dict(zip(["source", *FPR_COLUMNS], fpr_row("", alpha, f), strict=True))
+                for alpha, f in by_alpha.items()
+            }
+            rows.append([f"{model}, {label(source)}", at["0.01"]["keys x texts"]])
+            picked = ("pooled FPR [95% CI]", "max per key", "keys surely above 2a")
+            rows[-1] += [at[alpha][column] for alpha in ("0.01", "0.001") for column in picked]
     header = ["model, source", "keys x texts"]
     for alpha in ("0.01", "0.001"):
         header += [f"FPR at {alpha} [95% CI]", "max key", "keys surely above 2a"]
