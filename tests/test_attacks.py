@@ -595,3 +595,15 @@ def test_attack_options_default_to_their_settings():
                 assert param.default.default == spelled(defaults[param.name]), (command.__name__, param.name)
                 checked += 1
     assert checked >= 60
+
+
+def test_titled_tables_set_each_metric_under_its_title_in_order():
+    from openstamp.lab.attacks.report import DETECTION_TABLES, titled_tables
+
+    lines = titled_tables(lambda metric: [f"| {metric} |"], (*DETECTION_TABLES, ("Loss:", "train_loss")))
+    titles = [title for title, _ in DETECTION_TABLES]
+    assert lines == [
+        "", titles[0], "", "| tpr_at_1pct_fpr |",
+        "", titles[1], "", "| flagged_at_p_0.01 |",
+        "", "Loss:", "", "| train_loss |",
+    ]  # fmt: skip

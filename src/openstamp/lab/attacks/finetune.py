@@ -39,7 +39,16 @@ from openstamp.lab.attacks.common import (
     score_texts,
     watermarked_copy,
 )
-from openstamp.lab.attacks.report import AT_P_TITLE, fmt, md_table, negatives_note, new_figure, publish, save_figure
+from openstamp.lab.attacks.report import (
+    DETECTION_TABLES,
+    fmt,
+    md_table,
+    negatives_note,
+    new_figure,
+    publish,
+    save_figure,
+    titled_tables,
+)
 from openstamp.lab.attacks.weights import weight_runs
 from openstamp.lab.evaluation.pipeline import generate_set
 from openstamp.lab.training import TrainConfig, prepare, train, training_windows
@@ -191,23 +200,18 @@ def _section(
         f"60M tokens). At each checkpoint the model completed the first {n} eval prompts (the eval's sampling seeds) "
         "and each method's unchanged detector scored them with the original model; step 0 is the eval run's own "
         f"completions. {negatives_note(ev)} Cells: mean ± sd over seeds.{cost_note(ev, cfg.at_cost, rows)}",
-        "",
-        "TPR@1%FPR:",
-        "",
-        *step_table(summary, steps, "tpr_at_1pct_fpr"),
-        "",
-        AT_P_TITLE,
-        "",
-        *step_table(summary, steps, "flagged_at_p_0.01"),
-        "",
-        "AUROC:",
-        "",
-        *step_table(summary, steps, "auroc"),
-        "",
-        "Mean detector score of the completions (each method's own statistic: mean LLR for OpenStamp, z-score for "
-        "Unremovable and GaussMark):",
-        "",
-        *step_table(summary, steps, "mean_score"),
+        *titled_tables(
+            lambda metric: step_table(summary, steps, metric),
+            (
+                *DETECTION_TABLES,
+                ("AUROC:", "auroc"),
+                (
+                    "Mean detector score of the completions (each method's own statistic: mean LLR for OpenStamp, "
+                    "z-score for Unremovable and GaussMark):",
+                    "mean_score",
+                ),
+            ),
+        ),
     ]
     if skipped:
         lines += [

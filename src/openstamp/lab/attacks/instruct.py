@@ -39,7 +39,7 @@ from openstamp.lab.attacks.common import (
     prepare_out,
 )
 from openstamp.lab.attacks.finetune import attack_run, checkpoint_rows, durability_plot, step_table
-from openstamp.lab.attacks.report import AT_P_TITLE, negatives_note, publish
+from openstamp.lab.attacks.report import DETECTION_TABLES, negatives_note, publish, titled_tables
 from openstamp.lab.attacks.weights import weight_runs
 from openstamp.lab.training import TrainConfig
 from openstamp.model.load import load_model
@@ -237,22 +237,14 @@ def _section(ev, cfg: InstructConfig, results: dict) -> list[str]:
         f"At each checkpoint the model completed the first {results['n']} eval prompts and each method's unchanged "
         f"detector scored them with the original model; step 0 is the eval's own completions. {negatives_note(ev)} "
         "Cells: mean ± sd over seeds." + cost_note(ev, cfg.at_cost, results["runs"]),
-        "",
-        "TPR@1%FPR:",
-        "",
-        *step_table(summary, steps, "tpr_at_1pct_fpr"),
-        "",
-        AT_P_TITLE,
-        "",
-        *step_table(summary, steps, "flagged_at_p_0.01"),
-        "",
-        "Mean detector score:",
-        "",
-        *step_table(summary, steps, "mean_score"),
-        "",
-        "Training loss (response tokens):",
-        "",
-        *step_table(summary, steps, "train_loss"),
+        *titled_tables(
+            lambda metric: step_table(summary, steps, metric),
+            (
+                *DETECTION_TABLES,
+                ("Mean detector score:", "mean_score"),
+                ("Training loss (response tokens):", "train_loss"),
+            ),
+        ),
     ]
     if results["skipped"]:
         lines += ["", f"Skipped: {', '.join(results['skipped'])} (decode-time watermarks are not in the weights)."]

@@ -36,7 +36,7 @@ from openstamp.lab.attacks.common import (
     prepare_out,
     watermarked_copy,
 )
-from openstamp.lab.attacks.report import AT_P_TITLE, negatives_note, publish
+from openstamp.lab.attacks.report import DETECTION_TABLES, negatives_note, publish, titled_tables
 from openstamp.lab.attacks.weights import (
     attacked_row,
     cached_perplexity,
@@ -211,22 +211,10 @@ def _section(ev, cfg: PruneConfig, results: dict) -> list[str]:
         f"detector scored them with the original model. Quality: perplexity on {cfg.ppl_windows} held-out windows "
         f"of {cfg.seq_len} tokens of the eval's corpus. {negatives_note(ev)} Cells: mean ± sd over seeds."
         + cost_note(ev, cfg.at_cost, results["runs"]),
-        "",
-        "TPR@1%FPR:",
-        "",
-        *setting_table(summary, "setting", "tpr_at_1pct_fpr"),
-        "",
-        AT_P_TITLE,
-        "",
-        *setting_table(summary, "setting", "flagged_at_p_0.01"),
-        "",
-        "Mean detector score:",
-        "",
-        *setting_table(summary, "setting", "mean_score"),
-        "",
-        "Held-out perplexity:",
-        "",
-        *setting_table(summary, "setting", "ppl", 2),
+        *titled_tables(
+            lambda metric: setting_table(summary, "setting", metric, 2 if metric == "ppl" else 3),
+            (*DETECTION_TABLES, ("Mean detector score:", "mean_score"), ("Held-out perplexity:", "ppl")),
+        ),
     ]
     if results["skipped"]:
         lines += ["", f"Skipped: {', '.join(results['skipped'])} (decode-time watermarks are not in the weights)."]

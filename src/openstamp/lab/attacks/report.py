@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +108,13 @@ def drop_section(eval_dir: Path, name: str) -> None:
 COMPARED = tuple((m.label, m.name) for m in METRICS.values() if m.attack)  # results.json has more
 # the title of the table of the rate at p <= 0.01 in the attacks' sections
 AT_P_TITLE = "Rate at p <= 0.01 (needs no threshold, so it holds on shorter text; '-' for a detector without p-values):"
+# the tables every weight attack's section opens with: (title, metric of its summary rows)
+DETECTION_TABLES = (("TPR@1%FPR:", "tpr_at_1pct_fpr"), (AT_P_TITLE, "flagged_at_p_0.01"))
+
+
+def titled_tables(tabulate: Callable[[str], list[str]], sections: Sequence[tuple[str, str]]) -> list[str]:
+    """Each (title, metric) of ``sections`` as a blank line, its title, a blank line and ``tabulate(metric)``."""
+    return [line for title, metric in sections for line in ("", title, "", *tabulate(metric))]
 
 
 def negatives_note(ev: EvalRun) -> str:
