@@ -17,11 +17,12 @@ beside it: ``Detector(release, ..., base=base)``) meet two domains, each split b
   in one half and odd-numbered files in the other;
 * ``prose``: windows of held-out Wikipedia and news documents (none built the keys), alternate documents.
 
-Each key is calibrated on one half (``empirical_thresholds``, as ``openstamp calibrate`` computes them) and tested on
-the other, then the halves swap: each key's FPR is cross-fitted over both halves, and never measured on the texts
-that set its threshold. Per domain, rule and alpha it reports ``fpr_scoring.fpr_summary``: the per-key FPR, keys in
-[a/2, 2a], keys significantly above 2a, the spread test. Scores are cached per domain and half under ``--out``;
-re-running resumes. Writes benchmarks/results/<name>.json atomically.
+Each key is calibrated on one half (``empirical_thresholds``, as ``openstamp calibrate`` computes them: the split
+conformal threshold, so each half must hold at least 1/alpha - 1 texts) and tested on the other, then the halves swap:
+each key's FPR is cross-fitted over both halves, and never measured on the texts that set its threshold. Per domain,
+rule and alpha it reports ``fpr_scoring.fpr_summary``: the per-key FPR, keys in [a/2, 2a], keys significantly above
+2a, the spread test. Scores are cached per domain and half under ``--out``; re-running resumes. Writes
+benchmarks/results/<name>.json atomically.
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ def main() -> None:
     args.domains = [d for d in args.domains.split(",") if d]
     if unknown := set(args.domains) - set(DOMAINS):
         raise SystemExit(f"unknown domains {sorted(unknown)}; choose from {list(DOMAINS)}")
+    from openstamp.detect.rates import texts_needed
+
+    if args.n < texts_needed(min(ALPHAS)):  # each half calibrates the other's keys
+        raise SystemExit(f"--n {args.n}: calibrating alpha {min(ALPHAS):g} needs {texts_needed(min(ALPHAS))} texts")
     settings = claim_run(args.out, vars(args), free=("domains", "name"))  # a re-run may add domains
     scored = score(args.out, args)
     report = {domain: summarise(halves) for domain, halves in scored["found"].items()}

@@ -59,11 +59,19 @@ def calibrate(
     from openstamp.detect import Detector
     from openstamp.detect.calibrate import calibration_record, length_record, reference_texts, store_calibration
     from openstamp.detect.plots import qq_plot
+    from openstamp.detect.rates import texts_needed
     from openstamp.runtime import versions
     from openstamp.storage import atomic_write_json
 
     setup_logging(quiet)
     alphas = [float(a) for a in fpr.split(",")]
+    if not all(0 < a < 1 for a in alphas):
+        raise ValueError(f"--fpr rates must lie between 0 and 1, not {fpr}")
+    if n < texts_needed(min(alphas)):
+        raise ValueError(
+            f"--fpr {min(alphas):g} needs --n of at least {texts_needed(min(alphas))} reference texts (the threshold "
+            f"is split conformal, and its rate holds only with n >= 1/alpha - 1); --n is {n}"
+        )
     by_length = sorted(set(numbers(lengths, "lengths", int))) if lengths else []
     if by_length and by_length[0] < 2:
         raise ValueError("--lengths must be at least 2 tokens")
@@ -121,7 +129,7 @@ def calibrate(
         observed = record.get("p_value_observed_fpr", {}).get(f"{a:g}")
         table.add_row(
             f"{a:g}",
-            f"{record['llr_thresholds'][f'{a:g}']:+.4f}",
+            threshold_cell(record["llr_thresholds"][f"{a:g}"], a),
             "" if observed is None else f"{observed:.4f}",
         )
     console.print(table)
@@ -133,6 +141,13 @@ def calibrate(
         console.print(length_table(per_length, alphas))
     if store:
         console.print(f"thresholds stored in {key / 'key.json'}; use them with `openstamp detect --calibrated`")
+
+
+def threshold_cell(tau: float | None, alpha: float) -> str:
+    """A stored threshold, or why there is none (too few reference texts for ``alpha``)."""
+    from openstamp.detect.rates import texts_needed
+
+    return f"{tau:+.4f}" if tau is not None else f"none: needs {texts_needed(alpha)} texts"
 
 
 def length_table(per_length: dict, alphas: list[float]) -> Table:
@@ -151,7 +166,7 @@ def length_table(per_length: dict, alphas: list[float]) -> Table:
                 L,
                 str(rec["n_texts"]),
                 name,
-                f"{rec['llr_thresholds'][name]:+.4f}",
+                threshold_cell(rec["llr_thresholds"][name], a),
                 cell(rec.get("llr_threshold_fpr", {}).get(name)),
                 cell(rec.get("p_value_fpr", {}).get(name)),
             )

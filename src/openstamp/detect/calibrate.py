@@ -6,6 +6,9 @@ Two ways to turn a score into a decision, with different assumptions:
   whatever its source; it needs no reference data;
 * a calibrated threshold on the raw LLR controls the false-positive rate only for text like
   the reference corpus (the raw LLR's null shifts with the source, with delta and with L).
+  It is the split-conformal threshold (``rates.conformal_threshold``): on a new text exchangeable
+  with the n reference texts its rate is at most alpha, which needs n >= 1 / alpha - 1 (999 texts
+  for alpha 0.001); with fewer, that alpha gets no threshold (None).
 
 ``openstamp calibrate`` scores held-out reference text, stores LLR thresholds for target
 false-positive rates in the key, and reports how the p-values behave on that text (its QQ
@@ -25,16 +28,17 @@ from typing import Any
 import numpy as np
 
 from openstamp.corpus import load_documents, split_documents
-from openstamp.detect.rates import clopper_pearson, threshold_at_fpr
+from openstamp.detect.rates import clopper_pearson, conformal_threshold, texts_needed
 from openstamp.key.key import WatermarkKey
 from openstamp.model.text import encode
 
 DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
 
 
-def empirical_thresholds(null_scores: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:
-    """Threshold tau per alpha such that at most a fraction alpha of ``null_scores`` exceeds tau."""
-    return {f"{alpha:g}": threshold_at_fpr(null_scores, alpha) for alpha in alphas}
+def empirical_thresholds(null_scores: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float | None]:
+    """The LLR threshold per alpha whose false-positive rate on text like ``null_scores`` is at most alpha
+    (``rates.conformal_threshold``); None where there are too few texts for that alpha (``rates.texts_needed``)."""
+    return {f"{alpha:g}": conformal_threshold(null_scores, alpha) for alpha in alphas}
 
 
 def observed_rates(p_values: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:
@@ -57,6 +61,11 @@ def calibrated_threshold(key: WatermarkKey, alpha: float, n_tokens: int | None =
         thresholds = by_length[str(band)]["llr_thresholds"]
     if f"{alpha:g}" not in thresholds:
         raise ValueError(f"the key was calibrated for alpha in {sorted(thresholds)}, not {alpha:g}")
+    if thresholds[f"{alpha:g}"] is None:
+        raise ValueError(
+            f"the key's calibration has no threshold for alpha {alpha:g}: it needs at least {texts_needed(alpha)} "
+            "reference texts (of each length); run `openstamp calibrate` again with a larger --n, or use p-values"
+        )
     return float(thresholds[f"{alpha:g}"])
 
 
@@ -96,8 +105,10 @@ def length_record(scores: np.ndarray, p_values: np.ndarray | None, alphas=DEFAUL
     if min(map(len, halves)) > 0:
         fpr = {}
         for alpha in alphas:
-            hits = sum(int((test > threshold_at_fpr(fit, alpha)).sum()) for fit, test in (halves, halves[::-1]))
-            fpr[f"{alpha:g}"] = rate(hits, len(scores))
+            taus = [conformal_threshold(fit, alpha) for fit in halves]
+            if None not in taus:  # each half alone must hold enough texts for alpha
+                hits = sum(int((test > tau).sum()) for tau, test in zip(taus, halves[::-1], strict=True))
+                fpr[f"{alpha:g}"] = rate(hits, len(scores))
         record["llr_threshold_fpr"] = fpr
     if p_values is not None and len(p_values):
         p = np.asarray(p_values, dtype=np.float64)

@@ -224,7 +224,7 @@ def service_info(detector: Detector | MultiKeyDetector, config: ServiceConfig, m
             max_tokens=cfg.max_tokens,
             permutations=cfg.n_permutations if cfg.p_values else None,
         ),
-        calibrated_fprs=sorted(thresholds, key=float),
+        calibrated_fprs=sorted((a for a, tau in thresholds.items() if tau is not None), key=float),
         limits=config.limits(),
         batching={"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms},
     )
