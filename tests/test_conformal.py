@@ -58,3 +58,32 @@ def test_calibrate_refuses_too_few_texts_for_its_smallest_rate_before_loading_an
     assert result.exit_code == 2 and "--fpr 0.001 needs --n of at least 999" in result.output
     result = CliRunner().invoke(app, [*args, "--fpr", "0,0.01"])
     assert result.exit_code == 2 and "between 0 and 1" in result.output
+
+
+def test_detect_warns_on_thresholds_calibrated_before_they_were_conformal(release, tmp_path, caplog):
+    import json
+    import logging
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from openstamp.config import DetectConfig
+    from openstamp.detect import Detector
+    from openstamp.detect.calibrate import stale_thresholds
+    from openstamp.key.key import WatermarkKey
+
+    old = {"llr_thresholds": {"0.01": 0.5}, "versions": {"openstamp": "0.3.0"}}
+    assert "calibrated by openstamp 0.3.0" in stale_thresholds(old)
+    assert stale_thresholds({**old, "versions": {"openstamp": "0.3.1"}}) is None and stale_thresholds(None) is None
+    key_dir = tmp_path / "key"
+    shutil.copytree(release / "key", key_dir)
+    key = WatermarkKey.load(key_dir)
+    key.meta["calibration"] = old
+    model = AutoModelForCausalLM.from_pretrained(release / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(release / "model")
+    with caplog.at_level(logging.WARNING, logger="openstamp.detect.detector"):
+        Detector(model, tokenizer, key, DetectConfig(alpha=0.01))
+        assert "calibrated by openstamp" not in caplog.text  # p-values: the thresholds are not used
+        Detector(model, tokenizer, key, DetectConfig(alpha=0.01, calibrated=True))
+    assert "calibrate` again" in caplog.text
+    assert json.loads((key_dir / "key.json").read_text()).get("calibration") is None  # nothing written

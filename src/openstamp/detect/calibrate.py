@@ -33,12 +33,29 @@ from openstamp.key.key import WatermarkKey
 from openstamp.model.text import encode
 
 DEFAULT_ALPHAS = (0.001, 0.01, 0.05)
+CONFORMAL_SINCE = "0.3.1"  # the first package whose stored thresholds are split conformal
 
 
 def empirical_thresholds(null_scores: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float | None]:
     """The LLR threshold per alpha whose false-positive rate on text like ``null_scores`` is at most alpha
     (``rates.conformal_threshold``); None where there are too few texts for that alpha (``rates.texts_needed``)."""
     return {f"{alpha:g}": conformal_threshold(null_scores, alpha) for alpha in alphas}
+
+
+def stale_thresholds(record: dict[str, Any] | None) -> str | None:
+    """Why a key's stored thresholds may pass more than alpha (calibrated before ``CONFORMAL_SINCE``), or None."""
+    from packaging.version import Version
+
+    if not record or not record.get("llr_thresholds"):
+        return None
+    made = (record.get("versions") or {}).get("openstamp")
+    if made is not None and Version(made) >= Version(CONFORMAL_SINCE):
+        return None
+    return (
+        f"the key was calibrated by openstamp {made or 'before 0.2'}, whose thresholds pass up to "
+        "(floor(alpha n) + 1)/(n + 1) of human text (above alpha); run `openstamp calibrate` again for thresholds "
+        "whose rate is at most alpha"
+    )
 
 
 def observed_rates(p_values: np.ndarray, alphas=DEFAULT_ALPHAS) -> dict[str, float]:

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openstamp.config import DetectConfig
 from openstamp.detect import decision
+from openstamp.detect.calibrate import stale_thresholds
 from openstamp.detect.chat import Chat
 from openstamp.detect.forward import Forward, forward
 from openstamp.detect.items import Item, pieces, prepare
@@ -91,6 +92,8 @@ class Detector:
                 "the key's thresholds were calibrated on the %s backbone and this detector reads the %s one: "
                 "calibrate again with the same --base as detection", calibrated_on, self.backbone
             )  # fmt: skip
+        if self.config.calibrated and (why := stale_thresholds(key.meta.get("calibration"))):
+            log.warning(why)
         self.model, self.tokenizer, self.key, self.hidden = model, tokenizer, key, hidden
         self.head = Head(head(model).weight.detach(), getattr(head(model), "bias", None), key, which == "watermarked")
         self.device = model_device(model)
