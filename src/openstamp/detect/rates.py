@@ -31,9 +31,9 @@ def conformal_threshold(null_scores, alpha: float) -> float | None:
 
     averaged over the draw of the reference set. Equivalently, flag when the conformal p-value
     (1 + #{i : s_i >= S}) / (n + 1) is at most alpha. ``threshold_at_fpr`` (at most a fraction alpha of the reference
-    above tau) allows floor(alpha n) scores above tau instead, whose rate is (floor(alpha n) + 1) / (n + 1): above
-    alpha, and twice alpha for alpha n just under 1. When k > n (fewer than 1 / alpha - 1 texts) no threshold can hold
-    alpha, and the answer is None.
+    above tau) allows floor(alpha n) scores above tau instead, whose rate is (floor(alpha n) + 1) / (n + 1): at least
+    alpha, and about twice alpha where alpha n is a whole number (2/1001 at alpha 0.001 on 1,000 texts). When k > n
+    (fewer than 1 / alpha - 1 texts) no threshold can hold alpha, and the answer is None.
     """
     scores = np.sort(np.asarray(null_scores, dtype=np.float64).ravel())
     if scores.size == 0:
