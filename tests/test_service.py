@@ -170,6 +170,7 @@ def test_info_reveals_no_key_material(release, detector, tmp_path):
     info, text, key = response.json(), response.text, calibrated.key
     assert info["key_id"] == key.key_id and info["model"] == "path/tiny"  # not the full path
     assert info["calibrated_fprs"] == ["0.05", "0.1"] and info["decision"]["method"] == "calibrated LLR threshold"
+    assert "calibrated by openstamp before 0.2" in info["warnings"][0]  # the record names no version: stale
     assert {"llr", "binomial_z", "centred_llr"} <= set(info["detectors"])
     assert info["limits"]["max_texts"] == LIMITS["max_texts"]
     assert key.secret.hex() not in text.lower() and key.secret not in response.content
@@ -339,3 +340,19 @@ def test_a_service_with_several_keys_lists_them_and_names_the_best(
     result = body["results"][0]
     assert result["best_key"] in info["key_ids"] and set(result["p_values_by_key"]) == set(info["key_ids"])
     assert result["p_value"] == min(result["p_values_by_key"].values())
+
+
+def test_info_warns_only_on_thresholds_that_may_not_hold(release, detector, tmp_path):
+    key_dir = tmp_path / "key"
+    shutil.copytree(release / "key", key_dir)
+    record = {"llr_thresholds": {"0.05": 0.1}, "n_texts": 40, "backbone": detector.backbone}
+    found = {}
+    for made in ("0.3.0", "0.3.1"):
+        store_calibration(key_dir, {**record, "versions": {"openstamp": made}})
+        key = type(detector.key).load(key_dir)
+        calibrated = Detector(
+            detector.model, detector.tokenizer, key, DetectConfig(min_tokens=4, calibrated=True, alpha=0.05)
+        )
+        with TestClient(make_app(calibrated)) as client:
+            found[made] = client.get("/v1/info", headers=AUTH).json()["warnings"]
+    assert len(found["0.3.0"]) == 1 and "openstamp 0.3.0" in found["0.3.0"][0] and found["0.3.1"] == []

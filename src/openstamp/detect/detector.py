@@ -86,15 +86,9 @@ class Detector:
         elif which == "original" and retied:
             model, which = watermarked_copy(model, key), "watermarked"  # the caller's model stays as it is
         self.backbone = "release" if retied and which == "watermarked" else "original"
-        calibrated_on = (key.meta.get("calibration") or {}).get("backbone")
-        if self.config.calibrated and calibrated_on not in (None, self.backbone):
-            log.warning(
-                "the key's thresholds were calibrated on the %s backbone and this detector reads the %s one: "
-                "calibrate again with the same --base as detection", calibrated_on, self.backbone
-            )  # fmt: skip
-        if self.config.calibrated and (why := stale_thresholds(key.meta.get("calibration"))):
-            log.warning(why)
         self.model, self.tokenizer, self.key, self.hidden = model, tokenizer, key, hidden
+        for why in self.calibration_warnings:
+            log.warning(why)
         self.head = Head(head(model).weight.detach(), getattr(head(model), "bias", None), key, which == "watermarked")
         self.device = model_device(model)
         self.bos = bos_prefix(tokenizer)
@@ -128,6 +122,23 @@ class Detector:
     def key_ids(self) -> list[str]:
         """The ids of the keys this detector scores against (one; ``MultiKeyDetector`` has several)."""
         return [self.key.key_id]
+
+    @property
+    def calibration_warnings(self) -> list[str]:
+        """Why this detector's calibrated thresholds may not hold their alpha: made on another backbone, or before
+        split-conformal thresholds (``calibrate.stale_thresholds``). Empty unless ``config.calibrated``."""
+        record = self.key.meta.get("calibration") or {}
+        if not self.config.calibrated:
+            return []
+        found = []
+        if record.get("backbone") not in (None, self.backbone):
+            found.append(
+                f"the key's thresholds were calibrated on the {record['backbone']} backbone and this detector reads "
+                f"the {self.backbone} one: calibrate again with the same --base as detection"
+            )
+        if why := stale_thresholds(record):
+            found.append(why)
+        return found
 
     @property
     def head_is_watermarked(self) -> bool:

@@ -153,6 +153,9 @@ class InfoResponse(BaseModel):
     detectors: list[str] = Field(description="scores in each result's `detectors`")
     decision: DecisionInfo
     calibrated_fprs: list[str] = Field(description="false-positive rates the key has calibrated thresholds for")
+    warnings: list[str] = Field(
+        default_factory=list, description="why the calibrated thresholds may not hold their rate, for the operator"
+    )
     limits: dict[str, int]
     batching: dict[str, int | float]
 
