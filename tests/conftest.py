@@ -167,6 +167,7 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
     from openstamp.cli import app
 
     root = tmp_path_factory.mktemp("release")
+    (root / "secret").write_bytes(bytes([3]) * 32)  # a fixed secret: the same key on every run, never a random draw
     args = [
         "embed",
         "--model",
@@ -177,6 +178,8 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
         str(root / "model"),
         "--key",
         str(root / "key"),
+        "--secret-file",
+        str(root / "secret"),
         *SMALL_EMBED,
     ]
     result = CliRunner().invoke(app, args)
