@@ -343,6 +343,8 @@ def test_a_service_with_several_keys_lists_them_and_names_the_best(
 
 
 def test_info_warns_only_on_thresholds_that_may_not_hold(release, detector, tmp_path):
+    from openstamp.detect import MultiKeyDetector
+
     key_dir = tmp_path / "key"
     shutil.copytree(release / "key", key_dir)
     record = {"llr_thresholds": {"0.05": 0.1}, "n_texts": 40, "backbone": detector.backbone}
@@ -355,4 +357,5 @@ def test_info_warns_only_on_thresholds_that_may_not_hold(release, detector, tmp_
         )
         with TestClient(make_app(calibrated)) as client:
             found[made] = client.get("/v1/info", headers=AUTH).json()["warnings"]
+        assert MultiKeyDetector([calibrated]).calibration_warnings == found[made]  # one key, wrapped: the same
     assert len(found["0.3.0"]) == 1 and "openstamp 0.3.0" in found["0.3.0"][0] and found["0.3.1"] == []

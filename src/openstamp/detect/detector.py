@@ -127,9 +127,9 @@ class Detector:
     def calibration_warnings(self) -> list[str]:
         """Why this detector's calibrated thresholds may not hold their alpha: made on another backbone, or before
         split-conformal thresholds (``calibrate.stale_thresholds``). Empty unless ``config.calibrated``."""
-        record = self.key.meta.get("calibration") or {}
         if not self.config.calibrated:
             return []
+        record = self.key.meta.get("calibration") or {}
         found = []
         if record.get("backbone") not in (None, self.backbone):
             found.append(

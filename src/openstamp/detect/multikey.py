@@ -68,6 +68,11 @@ class MultiKeyDetector:
         return self.config.threshold is not None or self.config.calibrated
 
     @property
+    def calibration_warnings(self) -> list[str]:
+        """Every key's ``Detector.calibration_warnings`` (only one key may flag with calibrated thresholds)."""
+        return [why for d in self.detectors for why in d.calibration_warnings]
+
+    @property
     def key(self) -> WatermarkKey:
         """The first key (for callers that show one key's facts, such as its calibration)."""
         return self.detectors[0].key

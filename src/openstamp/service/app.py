@@ -225,7 +225,7 @@ def service_info(detector: Detector | MultiKeyDetector, config: ServiceConfig, m
             permutations=cfg.n_permutations if cfg.p_values else None,
         ),
         calibrated_fprs=sorted((a for a, tau in thresholds.items() if tau is not None), key=float),
-        warnings=detector.calibration_warnings if isinstance(detector, Detector) else [],  # several: never calibrated
+        warnings=detector.calibration_warnings,
         limits=config.limits(),
         batching={"max_batch": config.max_batch, "max_wait_ms": config.max_wait_ms},
     )
