@@ -161,13 +161,19 @@ SMALL_EMBED = [
 ]
 
 
+def fixed_secret(root: Path, fill: int) -> list[str]:
+    """``embed`` options for a fixed secret written under ``root``: a fixture's key is then the same on every run,
+    and no detection bar of a test rides on a random draw."""
+    (root / "secret").write_bytes(bytes([fill]) * 32)
+    return ["--secret-file", str(root / "secret")]
+
+
 @pytest.fixture(scope="module")
 def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
     """A tiny watermarked release (model/) and its key (key/), built through the CLI; one per test module."""
     from openstamp.cli import app
 
     root = tmp_path_factory.mktemp("release")
-    (root / "secret").write_bytes(bytes([3]) * 32)  # a fixed secret: the same key on every run, never a random draw
     args = [
         "embed",
         "--model",
@@ -178,8 +184,7 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
         str(root / "model"),
         "--key",
         str(root / "key"),
-        "--secret-file",
-        str(root / "secret"),
+        *fixed_secret(root, 3),
         *SMALL_EMBED,
     ]
     result = CliRunner().invoke(app, args)
@@ -200,7 +205,7 @@ def retied(tied_dir, corpus_file, tiny_config, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("retied")
     cfg = tiny_config.with_overrides({"green.delta": 2.0})
-    secret = bytes([4]) * 32  # fixed: the same key on every run, so no 24-text AUC bar rides on a random draw
+    secret = bytes([4]) * 32  # fixed, as fixed_secret's
     embed(str(tied_dir), str(corpus_file), root / "model", root / "key", cfg, secret=secret, progress=False)
     return root
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL_EMBED
+from conftest import SMALL_EMBED, fixed_secret
 from fastapi.testclient import TestClient
 from transformers import LogitsProcessor
 from typer.testing import CliRunner
@@ -40,10 +40,9 @@ def release(tiny_model_dir, corpus_file, tmp_path_factory) -> Path:
     from openstamp.cli import app
 
     root = tmp_path_factory.mktemp("page-release")
-    (root / "secret").write_bytes(bytes([7]) * 32)  # a fixed secret and seed: the same key on every run
     args = ["embed", "--model", str(tiny_model_dir), "--corpus", str(corpus_file)]
     args += ["--out", str(root / "model"), "--key", str(root / "key"), *SMALL_EMBED, "--set", "green.delta=3.0"]
-    args += ["--secret-file", str(root / "secret"), "--seed", "0"]
+    args += [*fixed_secret(root, 7), "--seed", "0"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return root

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, make_corpus, make_model
+from conftest import SMALL_EMBED, fixed_secret, make_corpus, make_model
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from sklearn.metrics import roc_auc_score
@@ -56,10 +56,8 @@ def qwen2_release(request, tokenizer, corpus_file, tmp_path_factory):
     assert any(n.endswith("q_proj.bias") for n, _ in model.named_parameters())
     model.save_pretrained(root / "base")
     tokenizer.save_pretrained(root / "base")
-    (root / "secret").write_bytes(bytes([5]) * 32)  # a fixed secret and seed: the same key on every run, not
-    # a random one whose 24-text AUC now and then falls under the bar
     args = ["embed", "--model", str(root / "base"), "--corpus", str(corpus_file), "--out", str(root / "model")]
-    args += ["--secret-file", str(root / "secret"), "--seed", "0"]
+    args += [*fixed_secret(root, 5), "--seed", "0"]  # a random key's 24-text AUC now and then fell under the bar
     result = runner.invoke(app, [*args, "--key", str(root / "key"), "--delta", "2.0", *SMALL_EMBED])
     assert result.exit_code == 0, result.output
     return root, request.param
