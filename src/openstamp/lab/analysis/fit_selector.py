@@ -25,6 +25,13 @@ own-perplexity cost on text the model fits is separation / 2 whatever S, so a ga
 per unit of own perplexity only where human text and the unseen parts of the cost (a tied model's input side)
 depart from that; the frontier protocol measures it. Synthetic states here; on a model, N L^2 floats of M_i (chunk
 the states) and p from the original head.
+
+What it breaks: the permutation p-value (``openstamp.detect.llr.cross_pvalue``) is exact because the ridge S never
+sees G, so re-mapping which list each cluster selects gives keys as likely as the real one. On text the model writes
+without the key, T = delta tr(C) has variance delta^2 sum_t a_t^T M_t a_t: the separation, which the fit raises for
+the lists it was fitted to and not for their re-mappings. So T spreads wider than its permutations and small
+p-values come too often (tests/test_fit_selector.py). A fitted S needs a null that refits S for every random key,
+and by the paragraph above, on text the model fits, it gains nothing per unit of own perplexity to pay for one.
 """
 
 from __future__ import annotations
