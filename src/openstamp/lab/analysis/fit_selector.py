@@ -32,6 +32,9 @@ without the key, T = delta tr(C) has variance delta^2 sum_t a_t^T M_t a_t: the s
 the lists it was fitted to and not for their re-mappings. So T spreads wider than its permutations and small
 p-values come too often (tests/test_fit_selector.py). A fitted S needs a null that refits S for every random key,
 and by the paragraph above, on text the model fits, it gains nothing per unit of own perplexity to pay for one.
+On human text the cost has a first-order part: a token's NLL rises by about Var_p(dz) / 2 minus its centred score
+dz_x - E_p[dz] (``openstamp.detect.llr``'s ``centred``), so an S that costs less own perplexity on human text does it
+by scoring human text higher, which is what the detector counts as false positives.
 """
 
 from __future__ import annotations
