@@ -218,6 +218,7 @@ RELEASE_RUNS = (  # (model, results file) of product_path_fpr.py runs: the per-k
     ("SmolLM2-135M", "fpr_product_path_1000"),
     ("SmolLM2-135M", "fpr_product_path_corpora"),
     ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_1000"),
+    ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_corpora"),
 )
 
 
@@ -395,6 +396,7 @@ TABLES = {
     "fpr_product_path_corpora": partial(fpr_product_path, name="fpr_product_path_corpora"),
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
     "fpr_product_path_qwen05_1000": partial(fpr_product_path, name="fpr_product_path_qwen05_1000"),
+    "fpr_product_path_qwen05_corpora": partial(fpr_product_path, name="fpr_product_path_qwen05_corpora"),
     "key_spread": key_spread,
     "fpr_calibrated": fpr_calibrated,
     "tail_check": tail_check,
