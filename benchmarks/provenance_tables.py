@@ -136,3 +136,26 @@ def verify_null(root: Path, name: str = "verify_robustness") -> list[str]:
         )
     header = ["alpha", "flagged", "FPR [95% CI]", "most flagged, one derivative"]
     return table(header, rows)
+
+
+def pool_reference(root: Path, name: str = "pool_reference") -> list[str]:
+    """One key's pooled FPR on human text, raw and with a same-domain reference subtracted
+    (benchmarks/provenance/pool_reference.py): per pool source and size, the rate over every key's pools at each
+    alpha, the lowest and highest key, and the spread's chi-square p across keys."""
+    data = read(root / f"{name}.json")
+    labels = {"test": "Wikipedia (other articles)", "news": "news (another domain)"}
+    rows = []
+    for source, by_size in data["pools"].items():
+        for size, by_rule in by_size.items():
+            for rule in ("raw", "corrected"):
+                cells = [labels[source], size, rule]
+                for f in by_rule[rule].values():
+                    cells += [f"{f['pooled_fpr']:.3f}", f"{f['min_fpr']:.2f}-{f['max_fpr']:.2f}"]
+                cells.append(f"{by_rule[rule]['0.05']['dispersion_p']:.3f}")
+                rows.append(cells)
+    first = next(iter(next(iter(data["pools"].values())).values()))["raw"]
+    header = ["pools of", "texts a pool", "rule"]
+    for alpha in first:
+        header += [f"FPR at {alpha}", "keys"]
+    header.append("spread p at 0.05")
+    return table(header, rows, text_columns=3)

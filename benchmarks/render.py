@@ -44,7 +44,14 @@ from product_tables import (
     skipped_tokens,
     speed_by_model,
 )
-from provenance_tables import pooled_cost, pooled_cost_grid, radioactivity, verify_null, verify_robustness
+from provenance_tables import (
+    pool_reference,
+    pooled_cost,
+    pooled_cost_grid,
+    radioactivity,
+    verify_null,
+    verify_robustness,
+)
 from speed_tables import (
     embed_stages,
     generate_speed,
@@ -436,6 +443,7 @@ TABLES = {
     "verify_null_qwen05": partial(verify_null, name="verify_robustness_qwen05"),
     "pooled_cost": pooled_cost,
     "pooled_cost_grid": pooled_cost_grid,
+    "pool_reference": pool_reference,
     "radioactivity": radioactivity,
 }
 
