@@ -66,7 +66,7 @@ def test_fitted_selector_costs_own_perplexity_in_proportion(model, problem):
     S, stats = fit_for_detection(objective, S0)
 
     def cost_and_signal(selector):
-        dz = 0.5 * (states.double() @ selector.double().T) @ green.double().T
+        dz = objective.delta * (states.double() @ selector.double().T) @ green.double().T
         p, q = torch.log_softmax(logits.double(), -1), torch.log_softmax(logits.double() + dz, -1)
         return float((p.exp() * (p - q)).sum(-1).mean()), float((q.exp() * (q - p)).sum(-1).mean())
 
