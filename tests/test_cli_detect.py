@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from conftest import SMALL_EMBED
+from conftest import SMALL_EMBED, fixed_secret
 from typer.testing import CliRunner
 
 from openstamp.cli import app
@@ -86,6 +86,7 @@ def test_detect_refuses_the_wrong_key(release, tiny_model_dir, corpus_file, tmp_
         "--key",
         str(tmp_path / "key"),
         *SMALL_EMBED,
+        *fixed_secret(tmp_path, 11),  # another secret than the release's
     ]
     assert runner.invoke(app, other).exit_code == 0
     result = runner.invoke(

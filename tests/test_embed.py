@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from conftest import fixed_secret
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
@@ -104,6 +105,7 @@ def test_cli_embed_and_its_errors(tiny_model_dir, corpus_file, tmp_path):
         "--delta",
         "2.0",
         "--quiet",
+        *fixed_secret(tmp_path, 18),
     ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

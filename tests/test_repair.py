@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, completion_auroc, saved_tensors
+from conftest import SMALL_EMBED, completion_auroc, fixed_secret, saved_tensors
 from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
@@ -121,6 +121,7 @@ def test_the_repair_refuses_what_it_cannot_repair(repaired, tied_dir):
 def test_cli_embed_repairs_a_re_tied_release_and_refuses_an_untied_model(tiny_model_dir, corpus_file, tmp_path):
     args = ["embed", "--model", str(tiny_model_dir), "--corpus", str(corpus_file), *SMALL_EMBED]
     args += ["--out", str(tmp_path / "model"), "--key", str(tmp_path / "key"), "--repair-minutes", "0.03"]
+    args += fixed_secret(tmp_path, 12)
     result = runner.invoke(app, args)
     if not json.loads((tiny_model_dir / "config.json").read_text())["tie_word_embeddings"]:
         assert result.exit_code == 2 and "does not tie lm_head" in " ".join(result.output.split())

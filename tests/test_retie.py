@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, saved_tensors
+from conftest import SMALL_EMBED, fixed_secret, saved_tensors
 from sklearn.metrics import roc_auc_score
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
@@ -103,7 +103,7 @@ def test_the_documented_low_level_flow_gives_a_key_the_detector_accepts(
 
 
 def test_cli_untie_is_explicit_and_warns(tied_dir, corpus_file, tmp_path):
-    base = ["embed", "--model", str(tied_dir), "--corpus", str(corpus_file), *SMALL_EMBED]
+    base = ["embed", "--model", str(tied_dir), "--corpus", str(corpus_file), *SMALL_EMBED, *fixed_secret(tmp_path, 13)]
     out = ["--out", str(tmp_path / "m"), "--key", str(tmp_path / "k")]
     result = runner.invoke(app, [*base, *out, "--tied-head", "untie"])
     assert result.exit_code == 0, result.output

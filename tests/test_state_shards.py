@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, make_model
+from conftest import SMALL_EMBED, fixed_secret, make_model
 from typer.testing import CliRunner
 
 from openstamp.cli import app
@@ -59,7 +59,7 @@ def test_streamed_selector_matches_the_in_memory_fit(kmeans, shrinkage, tokenize
 def test_embed_with_device_map_and_sharded_states(tiny_model_dir, corpus_file, tmp_path):
     args = ["embed", "--model", str(tiny_model_dir), "--corpus", str(corpus_file), *SMALL_EMBED]
     out = ["--out", str(tmp_path / "model"), "--key", str(tmp_path / "key")]
-    extra = ["--device-map", "auto", "--states-dir", str(tmp_path / "states")]
+    extra = ["--device-map", "auto", "--states-dir", str(tmp_path / "states"), *fixed_secret(tmp_path, 14)]
     result = CliRunner().invoke(app, [*args, *out, *extra])
     assert result.exit_code == 0, result.output
     assert len(list((tmp_path / "states").glob("states-*.safetensors"))) >= 1

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import SMALL_EMBED, make_model
+from conftest import SMALL_EMBED, fixed_secret, make_model
 from typer.testing import CliRunner
 
 from openstamp.cli import app
@@ -72,21 +72,25 @@ def test_cli_tune_and_embed_delta_auto(tiny_model_dir, corpus_file, tmp_path, mo
     flags += ["--set", "projection.enabled=false", "--set", "selector.n_lists=8", "--set", "states.n_states=256"]
     flags += ["--set", "states.window_tokens=96", "--set", "selector.min_cluster_size=5"]
     monkeypatch.chdir(tmp_path)  # without --key, as the command: the key goes to runs/tune/key
-    result = runner.invoke(app, ["tune", *common, *flags])
+    result = runner.invoke(app, ["tune", *common, *flags, *fixed_secret(tmp_path, 16)])
     assert result.exit_code == 0, result.output
     assert "delta search" in result.output and "key only" in result.output
     k1 = tmp_path / "runs" / "tune" / "key"
     key = WatermarkKey.load(k1)
+    assert key.secret == bytes([16]) * 32  # tune takes a secret as embed does
     assert key.delta == key.meta["tune"]["delta"]
     taken = runner.invoke(app, ["tune", *common, *flags])  # that key is not replaced without --overwrite
     assert taken.exit_code != 0 and "--overwrite" in taken.output and WatermarkKey.load(k1).key_id == key.key_id
     again = ["tune", "--from-key", str(k1), "--key", str(tmp_path / "k3"), *common, *flags[:8]]
+    both = runner.invoke(app, [*again, *fixed_secret(tmp_path, 17)])
+    assert both.exit_code == 2 and "keeps that key's secret" in both.output
     result = runner.invoke(app, [*again, "--low", "0.5"])
     assert result.exit_code == 0, result.output
     retuned = WatermarkKey.load(tmp_path / "k3")
     assert torch.equal(retuned.selector, key.selector) and retuned.secret == key.secret  # the same S and G
     embed = [a for a in SMALL_EMBED if a != "--quiet"]
     args = ["embed", "--out", str(tmp_path / "m"), "--key", str(tmp_path / "k2"), *common, *embed]
+    args += fixed_secret(tmp_path, 15)
     result = runner.invoke(app, [*args, "--delta", "auto", "--tune-tokens", "16", "--target-tpr", "0.5"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "m" / "config.json").exists() and "tune" in WatermarkKey.load(tmp_path / "k2").meta

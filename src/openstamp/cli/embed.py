@@ -31,6 +31,8 @@ VerifyUrlOption = typer.Option(
     None, "--verify-url", help="the detection service's URL, named in the model card (default: 'contact the owner')"
 )
 
+SecretFileOption = typer.Option(None, help="use this secret (raw bytes or hex) instead of a random one")
+
 
 def read_secret(path: Path) -> bytes:
     """A secret file holds raw bytes, or hex text (64 hex digits for 256 bits)."""
@@ -86,7 +88,7 @@ def embed(
     ),
     no_projection: bool = typer.Option(False, "--no-projection", help="P = I: the paper's 'w/o sem-align' ablation"),
     seed: int | None = typer.Option(None, help="seed for sampling states and k-means"),
-    secret_file: Path | None = typer.Option(None, help="use this secret (raw bytes or hex) instead of a random one"),
+    secret_file: Path | None = SecretFileOption,
     settings: list[str] | None = typer.Option(None, "--set", help="any setting, e.g. --set projection.lr=1e-4"),
     dtype: str = DtypeOption,
     device: str = DeviceOption,

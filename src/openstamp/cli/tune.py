@@ -14,7 +14,15 @@ from openstamp.cli.common import (
     parse_settings,
     setup_logging,
 )
-from openstamp.cli.embed import NoDiscloseOption, VerifyUrlOption, print_summary, print_tune, resolve_config
+from openstamp.cli.embed import (
+    NoDiscloseOption,
+    SecretFileOption,
+    VerifyUrlOption,
+    print_summary,
+    print_tune,
+    read_secret,
+    resolve_config,
+)
 
 
 @friendly_errors
@@ -42,6 +50,7 @@ def tune(
     high: float = typer.Option(4.0, help="largest delta tried (the ascending pass doubles from --low)"),
     steps: int = typer.Option(3, help="bisection steps after the ascending pass (one probe each)"),
     seed: int = typer.Option(0, help="sampling seed"),
+    secret_file: Path | None = SecretFileOption,
     tied_head: str = typer.Option("retie", help="retie or untie, as for embed"),
     settings: list[str] | None = typer.Option(None, "--set", help="any key setting, e.g. --set selector.n_lists=64"),
     from_key: Path | None = typer.Option(
@@ -69,14 +78,20 @@ def tune(
         target_tpr=target_tpr, tokens=tokens, fpr=fpr, n=n, low=low, high=high, steps=steps, seed=seed, **pooled
     )
     if from_key is not None:
+        if secret_file is not None:
+            raise typer.BadParameter(
+                "--from-key keeps that key's secret; leave out --secret-file", param_hint="--secret-file"
+            )
         retune(from_key, key, out, model, corpus, cfg, tied_head, dtype, device, overwrite, quiet, release)
         return
+    secret = read_secret(secret_file) if secret_file else None
     result = embed(
         model,
         corpus,
         out,
         key,
         resolve_config(profile, None, parse_settings(settings)),
+        secret=secret,
         dtype=dtype,
         device=device,
         overwrite=overwrite,
