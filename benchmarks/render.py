@@ -226,6 +226,7 @@ RELEASE_RUNS = (  # (model, results file) of product_path_fpr.py runs: the per-k
     ("SmolLM2-135M", "fpr_product_path_corpora"),
     ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_1000"),
     ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_corpora"),
+    ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_tempered"),
 )
 
 
@@ -404,6 +405,7 @@ TABLES = {
     "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
     "fpr_product_path_qwen05_1000": partial(fpr_product_path, name="fpr_product_path_qwen05_1000"),
     "fpr_product_path_qwen05_corpora": partial(fpr_product_path, name="fpr_product_path_qwen05_corpora"),
+    "fpr_product_path_qwen05_tempered": partial(fpr_product_path, name="fpr_product_path_qwen05_tempered"),
     "key_spread": key_spread,
     "fpr_calibrated": fpr_calibrated,
     "tail_check": tail_check,
