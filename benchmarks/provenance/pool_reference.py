@@ -44,7 +44,7 @@ from fpr_scoring import fpr_summary  # noqa: E402
 from openstamp import load_documents, split_documents  # noqa: E402
 from openstamp.config import DetectConfig  # noqa: E402
 from openstamp.detect import Detector  # noqa: E402
-from openstamp.detect.llr import cross_pvalue  # noqa: E402
+from openstamp.detect.llr import cross_matrix, cross_pvalue  # noqa: E402
 from openstamp.model.generate import sample_completions  # noqa: E402
 from openstamp.model.load import load_model  # noqa: E402
 from openstamp.model.patch import apply_watermark  # noqa: E402
@@ -71,7 +71,7 @@ def cross_sums(detectors: list[Detector], texts: list[str], group: int) -> tuple
         for k, d in enumerate(detectors):
             st = d.statistics(batch, fwd)
             for i, span in enumerate(fwd.spans):
-                sums[k, (b + i) // group] += (st.selector[span].double().T @ st.residual[span].double()).numpy()
+                sums[k, (b + i) // group] += cross_matrix(st.selector[span], st.residual[span]).numpy()
                 if k == 0:
                     tokens[(b + i) // group] += span.stop - span.start
     return sums, tokens

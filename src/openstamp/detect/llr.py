@@ -220,7 +220,13 @@ def permutation_pvalue(
         (statistic T, Monte-Carlo p-value (1 + #{T_pi >= T}) / (K + 1), z of T against the
         permutation distribution).
     """
-    return cross_pvalue(selector.double().T @ residual.double(), perms, delta)
+    return cross_pvalue(cross_matrix(selector, residual), perms, delta)
+
+
+def cross_matrix(selector: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """C = S^T R, the (L, L) fp64 matrix the permutation test reads, from (T, L) s and G[x] - m of a set of
+    scored tokens. It is a sum over tokens, so the C of several texts is the sum of theirs."""
+    return selector.double().T @ residual.double()
 
 
 def cross_pvalue(C: torch.Tensor, perms: torch.Tensor, delta: float) -> tuple[float, float, float]:

@@ -28,7 +28,7 @@ from scipy.stats import binom
 
 from openstamp.config import DetectConfig
 from openstamp.detect.items import Item
-from openstamp.detect.llr import TokenStats, cross_pvalue, stats_rows
+from openstamp.detect.llr import TokenStats, cross_matrix, cross_pvalue, stats_rows
 from openstamp.detect.result import DetectionResult
 from openstamp.detect.tail import TailSums, chernoff_pvalue, combined_pvalue
 
@@ -62,7 +62,7 @@ class PoolSums:
         self.llr += float(stats.llr.double().sum())
         self.discrete += float(stats.discrete.double().sum())
         self.green += int(stats.green.sum())
-        self.cross += stats.selector.double().T @ stats.residual.double()
+        self.cross += cross_matrix(stats.selector, stats.residual)
         for t, sel, g in zip(targets.tolist(), stats.selected.tolist(), stats.green.tolist(), strict=True):
             if not never_green[t]:
                 self.pairs[(t, sel)] = g
