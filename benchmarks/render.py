@@ -209,7 +209,7 @@ def fpr_per_key(root: Path, name: str = "fpr_per_key") -> list[str]:
     return table(header, rows)
 
 
-def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[str]:
+def fpr_product_path(root: Path, name: str) -> list[str]:
     """Per-key FPR of re-tied releases scored as ``openstamp detect`` scores, on the release's backbone and the
     base's (``benchmarks/fpr/product_path_fpr.py``); the pooled rate with its exact interval."""
     rows = [
@@ -221,20 +221,23 @@ def fpr_product_path(root: Path, name: str = "fpr_product_path_1000") -> list[st
     return table(["source, path", *FPR_COLUMNS], rows)
 
 
-RELEASE_RUNS = (  # (model, results file) of product_path_fpr.py runs: the per-key FPR on the path detect takes
-    ("SmolLM2-135M", "fpr_product_path_1000"),
-    ("SmolLM2-135M", "fpr_product_path_corpora"),
-    ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_1000"),
-    ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_corpora"),
-    ("Qwen2.5-Coder-0.5B", "fpr_product_path_qwen05_tempered"),
-)
+PRODUCT_PATH_RUNS = {  # results file of a product_path_fpr.py run -> (model, in the release-path summary)
+    "fpr_product_path_1000": ("SmolLM2-135M", True),
+    "fpr_product_path_corpora": ("SmolLM2-135M", True),
+    "fpr_product_path_qwen05": ("Qwen2.5-Coder-0.5B", False),  # 300 texts a key, superseded by _1000
+    "fpr_product_path_qwen05_1000": ("Qwen2.5-Coder-0.5B", True),
+    "fpr_product_path_qwen05_corpora": ("Qwen2.5-Coder-0.5B", True),
+    "fpr_product_path_qwen05_tempered": ("Qwen2.5-Coder-0.5B", True),
+}
 
 
-def fpr_release_path(root: Path, runs: tuple[tuple[str, str], ...] = RELEASE_RUNS) -> list[str]:
+def fpr_release_path(root: Path) -> list[str]:
     """Each model's sources on the release path (``openstamp detect`` without ``--base``): at each alpha the pooled
     rate over every key's texts with its exact interval, the highest key, and the keys significantly above 2 alpha."""
     rows = []
-    for model, name in runs:
+    for name, (model, summarised) in PRODUCT_PATH_RUNS.items():
+        if not summarised:
+            continue
         for source, by_alpha in read(root / f"{name}.json")["paths"]["release"].items():
             at = {
                 alpha: dict(zip(["source", *FPR_COLUMNS], fpr_row("", alpha, f), strict=True))
@@ -399,13 +402,8 @@ TABLES = {
     "fpr_per_key": fpr_per_key,
     "fpr_per_key_default": partial(fpr_per_key, name="fpr_per_key_default"),
     "fpr_per_key_qwen05": partial(fpr_per_key, name="fpr_per_key_qwen05"),
-    "fpr_product_path": fpr_product_path,
     "fpr_release_path": fpr_release_path,
-    "fpr_product_path_corpora": partial(fpr_product_path, name="fpr_product_path_corpora"),
-    "fpr_product_path_qwen05": partial(fpr_product_path, name="fpr_product_path_qwen05"),
-    "fpr_product_path_qwen05_1000": partial(fpr_product_path, name="fpr_product_path_qwen05_1000"),
-    "fpr_product_path_qwen05_corpora": partial(fpr_product_path, name="fpr_product_path_qwen05_corpora"),
-    "fpr_product_path_qwen05_tempered": partial(fpr_product_path, name="fpr_product_path_qwen05_tempered"),
+    **{name: partial(fpr_product_path, name=name) for name in PRODUCT_PATH_RUNS},
     "key_spread": key_spread,
     "fpr_calibrated": fpr_calibrated,
     "tail_check": tail_check,
