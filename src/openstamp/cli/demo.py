@@ -52,7 +52,7 @@ def demo(
     from openstamp.storage import atomic_write_json
 
     setup_logging(quiet)
-    secret = read_secret(secret_file) if secret_file else None  # before the run replaces a key it may come from
+    secret = read_secret(secret_file)  # before the run replaces a key it may come from
     out_dir.mkdir(parents=True, exist_ok=True)
     console.rule("1. embed")
     result = run_embed(

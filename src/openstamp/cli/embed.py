@@ -34,8 +34,10 @@ VerifyUrlOption = typer.Option(
 SecretFileOption = typer.Option(None, help="use this secret (raw bytes or hex) instead of a random one")
 
 
-def read_secret(path: Path) -> bytes:
-    """A secret file holds raw bytes, or hex text (64 hex digits for 256 bits)."""
+def read_secret(path: Path | None) -> bytes | None:
+    """A secret file holds raw bytes, or hex text (64 hex digits for 256 bits); no file, no secret (a random one)."""
+    if path is None:
+        return None
     data = path.read_bytes()
     text = data.strip().decode("ascii", errors="replace")
     if text and all(c in string.hexdigits for c in text) and len(text) % 2 == 0:
@@ -143,7 +145,7 @@ def embed(
         **parse_settings(settings),
     }
     cfg = resolve_config(profile, config, flags)
-    secret = read_secret(secret_file) if secret_file else None
+    secret = read_secret(secret_file)
     result = run_embed(
         model,
         corpus,

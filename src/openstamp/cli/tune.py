@@ -84,7 +84,7 @@ def tune(
             )
         retune(from_key, key, out, model, corpus, cfg, tied_head, dtype, device, overwrite, quiet, release)
         return
-    secret = read_secret(secret_file) if secret_file else None
+    secret = read_secret(secret_file)
     result = embed(
         model,
         corpus,
