@@ -466,6 +466,8 @@ fpr() {
     --out runs/fpr_product_qwen1000 --name fpr_product_path_qwen05_corpora
   $PY benchmarks/fpr/product_path_fpr.py $pp --model qwen2.5-coder-0.5b --sources base_t0.7_p0.9 --paths release \
     --out runs/fpr_product_qwen1000 --name fpr_product_path_qwen05_tempered
+  $PY benchmarks/fpr/product_path_fpr.py $pp --model qwen2.5-coder-0.5b --sources gemma3_pure --paths release \
+    --out runs/fpr_product_qwen1000 --name fpr_product_path_qwen05_gemma
   $PY benchmarks/fpr/calibrated_fpr.py --keys 10 --n 1500
   # the family-wise FPR of 5 keys (Holm) on 1000 human windows, and detection of chat-formatted assistant turns
   $PY benchmarks/fpr/multikey_fpr.py --n 1000 --keys 5 --length 64 --profile small --out runs/multikey

@@ -228,6 +228,7 @@ PRODUCT_PATH_RUNS = {  # results file of a product_path_fpr.py run -> (model, in
     "fpr_product_path_qwen05_1000": ("Qwen2.5-Coder-0.5B", True),
     "fpr_product_path_qwen05_corpora": ("Qwen2.5-Coder-0.5B", True),
     "fpr_product_path_qwen05_tempered": ("Qwen2.5-Coder-0.5B", True),
+    "fpr_product_path_qwen05_gemma": ("Qwen2.5-Coder-0.5B", True),
 }
 
 
