@@ -42,5 +42,6 @@ def test_the_reference_removes_a_keys_own_mean(pool_reference):
     fixed = np.array(pool_reference.pool_pvalues(detector, pools, n, ref))
     assert np.mean(raw <= 0.05) > 0.5  # the key's own mean alone flags most null pools
     assert np.mean(fixed <= 0.05) < 0.1  # 15 expected of 300; 30 is far in the binomial tail
+    assert 0.35 < np.mean(fixed <= 0.5) < 0.65  # and it leaves a null, not a statistic pinned at p = 1
     C = pools[0] - (n[0] / ref[1]) * ref[0]  # the correction is the linear map the docstring states
     assert fixed[0] == cross_pvalue(torch.from_numpy(C), detector.perms, 0.5)[1]
