@@ -1,7 +1,8 @@
 """Radioactivity: was this model trained on my model's outputs? Pooled detection on a student's samples.
 
     python benchmarks/provenance/radioactivity.py --key runs/fpr_product100/keys/k00 [--model smollm2-135m]
-        [--train-texts 256 --new-tokens 128 --epochs 2 --samples 128] [--quick] [--name NAME] [--out DIR]
+        [--train-texts 256 --new-tokens 128 --epochs 2 --samples 128] [--mixes wm100,wm10,wm0] [--quick]
+        [--name NAME] [--out DIR]
 
 The teacher is the release as the product ships it: the base ``--model`` watermarked with ``--key`` (a
 default-profile key built for that model) re-tied (``apply_watermark(model, key, "retie")``). Someone samples it
@@ -12,7 +13,8 @@ after how many of its tokens?
   key half of the packaged Wikipedia corpus; the teacher completes each prompt (float32, plain sampling at
   temperature 1, seed ``--seed``). Mixes, each over the same prompts: ``wm100`` (every continuation the
   teacher's), ``wm10`` (10% the teacher's, 90% the human continuation, chosen by a shuffle seeded with ``--seed``)
-  and ``wm0`` (all human: the student never sees the mark, a null).
+  and ``wm0`` (all human: the student never sees the mark, a null). ``--mixes`` trains some of them, and the
+  teacher completes only the prompts those use (``--mixes wm10,wm0``: a tenth).
 * Students: each mix fine-tunes a fresh copy of the unwatermarked base with LoRA (``openstamp.lab.training``:
   ``prepare`` + ``train``; the decoder's linear layers and lm_head, rank 16, adamw) for ``--epochs`` over its
   examples, batch ``--batch``, the loss on the continuation tokens only (the prompts are human text in every mix).
@@ -61,7 +63,7 @@ from openstamp.model.text import bos_prefix, prompt_windows  # noqa: E402
 from openstamp.storage import atomic_directory, atomic_write_json, read_json  # noqa: E402
 
 MIXES = {"wm100": 1.0, "wm10": 0.1, "wm0": 0.0}  # fraction of the training continuations that are the teacher's
-SOURCES = (*MIXES, "teacher", "base")
+REFERENCES = ("teacher", "base")
 ROLES = {
     "wm100": "student: every training continuation the teacher's",
     "wm10": "student: 10% of the training continuations the teacher's, 90% human",
@@ -89,6 +91,8 @@ def windows(tokenizer, corpus: tuple[str, str], args, n: int) -> list[tuple[list
 
 
 def generate(model, tokenizer, prompts: list[list[int]], args, seed: int) -> dict:
+    if not prompts:  # a run of wm0 alone needs no teacher text
+        return {"ids": [], "texts": [], "seconds": 0.0, "seed": seed}
     began = time.perf_counter()
     ids = sample_completions(model, tokenizer, prompts, args.new_tokens, seed=seed, progress=False)
     seconds = time.perf_counter() - began
@@ -96,18 +100,23 @@ def generate(model, tokenizer, prompts: list[list[int]], args, seed: int) -> dic
     return {"ids": ids, "texts": texts, "seconds": seconds, "seed": seed}
 
 
-def mix_examples(train_windows, teacher_ids: list[list[int]], fraction: float, seed: int, bos: list[int]):
-    """(windows (N, T), labels with -100 on BOS and prompt, which rows are the teacher's): prompt + continuation."""
-    n = len(train_windows)
-    chosen = set(random.Random(seed).sample(range(n), round(fraction * n)))
-    rows, labels = [], []
+def teacher_rows(n: int, fraction: float, seed: int) -> list[int]:
+    """Which of the n training windows get the teacher's continuation in a mix (a shuffle seeded with ``seed``)."""
+    return sorted(random.Random(seed).sample(range(n), round(fraction * n)))
+
+
+def mix_examples(train_windows, teacher: dict[int, list[int]], fraction: float, seed: int, bos: list[int]):
+    """(windows (N, T), labels with -100 on BOS and prompt, which rows are the teacher's): prompt + continuation.
+    ``teacher`` maps a window's row to the teacher's continuation of its prompt."""
+    chosen = teacher_rows(len(train_windows), fraction, seed)
+    picked, rows, labels = set(chosen), [], []
     for i, (prompt, human) in enumerate(train_windows):
-        ids = bos + prompt + (teacher_ids[i] if i in chosen else human)
+        ids = bos + prompt + (teacher[i] if i in picked else human)
         rows.append(ids)
         labels.append([-100] * (len(bos) + len(prompt)) + ids[len(bos) + len(prompt) :])
     if len({len(r) for r in rows}) != 1:
         raise SystemExit("training examples differ in length")  # prompt_windows and sample_completions fix both
-    return torch.tensor(rows), torch.tensor(labels), sorted(chosen)
+    return torch.tensor(rows), torch.tensor(labels), chosen
 
 
 def train_config(args, n: int, seq_len: int) -> TrainConfig:
@@ -195,6 +204,11 @@ def main() -> None:
     parser.add_argument("--teacher-samples", type=int, default=16, help="held-out completions of the teacher")
     parser.add_argument("--ks", default="1,2,4,8,16,32,64,128", help="texts pooled")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mixes",
+        default=",".join(MIXES),
+        help=f"the students to train, of {', '.join(MIXES)} (the teacher samples only the prompts their mixes use)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 16 texts, 8 samples of 24 tokens, 1 epoch")
     parser.add_argument("--name", default="radioactivity", help="writes benchmarks/results/<name>.json")
     parser.add_argument("--out", type=Path, default=None, help="the cache (default runs/<name>)")
@@ -204,6 +218,10 @@ def main() -> None:
     if args.quick and args.name == "radioactivity":  # a smoke run never overwrites the real result
         args.name = "radioactivity_quick"
     args.out = args.out or Path("runs") / args.name
+    mixes = [m for m in args.mixes.split(",") if m]
+    if not mixes or any(m not in MIXES for m in mixes):
+        parser.error(f"--mixes takes names of {', '.join(MIXES)}, not {args.mixes!r}")
+    sources = (*mixes, *REFERENCES)
     ks = sorted({int(k) for k in args.ks.split(",") if k})
     ks = [k for k in ks if k <= args.samples]
     if not ks:
@@ -223,21 +241,26 @@ def main() -> None:
     heldout = [p for p, _ in windows(tokenizer, HELDOUT_CORPUS, args, args.samples)]
 
     began = time.perf_counter()
+    needed = sorted({i for m in mixes for i in teacher_rows(len(train_windows), MIXES[m], args.seed)})
     teacher_train = cached(
         args.out / "teacher_train.json",
-        lambda: generate(teacher, tokenizer, [p for p, _ in train_windows], args, args.seed),
+        lambda: {
+            "rows": needed,
+            **generate(teacher, tokenizer, [train_windows[i][0] for i in needed], args, args.seed),
+        },
         "teacher completions",
     )
-    print(f"[data] {len(train_windows)} teacher completions ({time.perf_counter() - began:.0f} s)", flush=True)
+    teacher_ids = dict(zip(teacher_train["rows"], teacher_train["ids"], strict=True))
+    print(f"[data] {len(needed)} teacher completions ({time.perf_counter() - began:.0f} s)", flush=True)
 
     seq_len = len(bos) + args.prompt_tokens + args.new_tokens
     cfg = train_config(args, len(train_windows), seq_len)
     found: dict = {}
-    for mix, fraction in MIXES.items():
+    for mix in mixes:
         path = args.out / "samples" / f"{mix}.json"
         record = None
         if not path.exists():
-            examples = mix_examples(train_windows, teacher_train["ids"], fraction, args.seed, bos)
+            examples = mix_examples(train_windows, teacher_ids, MIXES[mix], args.seed, bos)
             model, record = student(args, mix, examples, cfg)
             cached(path, lambda model=model: generate(model, tokenizer, heldout, args, args.seed + 1), "samples")
             del model
@@ -253,7 +276,7 @@ def main() -> None:
     print(f"[samples] done ({time.perf_counter() - started:.0f} s so far)", flush=True)
 
     detector = Detector(teacher, tokenizer, key, DetectConfig(), base=base)
-    for name in SOURCES:
+    for name in sources:
         samples = read_json(args.out / "samples" / f"{name}.json", "samples")
         texts, name_ks = samples["texts"], teacher_ks if name == "teacher" else ks
         pooled = cached(
@@ -271,8 +294,8 @@ def main() -> None:
         )
         print(f"[detect] {name}: {len(pooled['rows'])} pooled sets ({pooled['seconds']:.0f} s)", flush=True)
 
-    results = {name: {k: v for k, v in found[name].items() if k != "losses"} for name in SOURCES}
-    for mix in MIXES:
+    results = {name: {k: v for k, v in found[name].items() if k != "losses"} for name in sources}
+    for mix in mixes:
         results[mix]["training"]["losses"] = found[mix]["losses"]
     write_result(
         args.name,
@@ -295,7 +318,7 @@ def main() -> None:
                     "train_seed": args.seed,
                     "sample_seed": args.seed + 1,
                 },
-                "mixes": MIXES,
+                "mixes": {m: MIXES[m] for m in mixes},
                 "train_config": dataclasses.asdict(cfg),
                 "lora_targets": lora_targets(base),
                 "loss_on": "continuation tokens only (labels -100 on the prompt)",
