@@ -14,7 +14,7 @@ def test_a_mix_takes_the_teachers_text_on_its_own_rows_only(radioactivity):
     assert len(rows) == 2 and rows == radioactivity.teacher_rows(20, 0.1, seed=0)
     assert radioactivity.teacher_rows(20, 1.0, seed=0) == list(range(20)) and not radioactivity.teacher_rows(20, 0, 0)
     teacher = {i: [900 + i, 900 + i] for i in rows}  # only the rows the mix uses were sampled
-    x, labels, chosen = radioactivity.mix_examples(windows, teacher, 0.1, 0, bos=[0])
+    x, labels, chosen = radioactivity.mix_examples(windows, teacher, rows, bos=[0])
     assert chosen == rows
     for i in range(20):
         assert x[i].tolist() == [0, 1, i] + (teacher[i] if i in rows else [100 + i, 100 + i])

@@ -105,10 +105,9 @@ def teacher_rows(n: int, fraction: float, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(range(n), round(fraction * n)))
 
 
-def mix_examples(train_windows, teacher: dict[int, list[int]], fraction: float, seed: int, bos: list[int]):
-    """(windows (N, T), labels with -100 on BOS and prompt, which rows are the teacher's): prompt + continuation.
-    ``teacher`` maps a window's row to the teacher's continuation of its prompt."""
-    chosen = teacher_rows(len(train_windows), fraction, seed)
+def mix_examples(train_windows, teacher: dict[int, list[int]], chosen: list[int], bos: list[int]):
+    """(windows (N, T), labels with -100 on BOS and prompt, which rows are the teacher's): prompt + continuation,
+    the teacher's (``teacher`` maps a row to its continuation of the row's prompt) on the ``chosen`` rows."""
     picked, rows, labels = set(chosen), [], []
     for i, (prompt, human) in enumerate(train_windows):
         ids = bos + prompt + (teacher[i] if i in picked else human)
@@ -241,7 +240,8 @@ def main() -> None:
     heldout = [p for p, _ in windows(tokenizer, HELDOUT_CORPUS, args, args.samples)]
 
     began = time.perf_counter()
-    needed = sorted({i for m in mixes for i in teacher_rows(len(train_windows), MIXES[m], args.seed)})
+    chosen = {m: teacher_rows(len(train_windows), MIXES[m], args.seed) for m in mixes}
+    needed = sorted({i for rows in chosen.values() for i in rows})
     teacher_train = cached(
         args.out / "teacher_train.json",
         lambda: {
@@ -260,7 +260,7 @@ def main() -> None:
         path = args.out / "samples" / f"{mix}.json"
         record = None
         if not path.exists():
-            examples = mix_examples(train_windows, teacher_ids, MIXES[mix], args.seed, bos)
+            examples = mix_examples(train_windows, teacher_ids, chosen[mix], bos)
             model, record = student(args, mix, examples, cfg)
             cached(path, lambda model=model: generate(model, tokenizer, heldout, args, args.seed + 1), "samples")
             del model
