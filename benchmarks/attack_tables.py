@@ -132,11 +132,12 @@ def durability(root: Path) -> list[str]:
     return table(["attack", "setting", *(f"{m}: {c}" for m in methods for c in ("TPR", "ppl"))], body, 2)
 
 
-def durability_cost(root: Path, cost: float) -> list[str]:
-    """Each attack at the strength nearest ``cost`` own PPL (robust_cost/): the mean TPR@1%FPR over the keys (how
-    many in brackets); 'none' is each run's own completions before the token edits."""
+def durability_cost(root: Path, cost: float, folder: str = "robust_cost") -> list[str]:
+    """Each attack at the strength nearest ``cost`` own PPL (in ``folder``; robust_cost/equal/ holds the shipping
+    default's runs): the mean TPR@1%FPR over the keys (how many in brackets); 'none' is each run's own completions
+    before the token edits."""
     cells: dict[str, dict[str, dict[str, float]]] = {"none": {}}  # setting -> method -> run (a key) -> TPR
-    for a in _attacks(root / "robust_cost"):
+    for a in _attacks(root / folder):
         if a["settings"]["at_cost"] != cost:
             continue
         s, kind = a["settings"], a["attack"]

@@ -489,6 +489,36 @@ paraphrase() {
   done
   DEFAULT_ATTACKS=paraphrase default_attacks  # the default key of 0.2.0 at +12%
 }
+durability_equal() {
+  # the durability table at equal cost on the shipping default (issue 81): per seed of EQUAL_SEEDS (default 0 1 2) an
+  # eval of the default key, Unremovable and KGW-distilled on grids around +12% own PPL (200 prompts, 64 new tokens, no
+  # oracle; KGW-distilled's paper grid stops at delta 2, +6%, so its grid goes past it), then every attack at the
+  # strength nearest EQUAL_COST (default 0.12): 10% and 25% token edits, NF4 and GGUF-Q4_K_M, linear merges with the
+  # base at t 0.3, 0.5 and 0.7, Wanda at 50%, and 100 LoRA steps. Each result is kept in robust_cost/equal/ as it
+  # lands and skipped once kept, so the stage resumes across sessions. About 2 h a seed on 2 cores (estimate)
+  local cost=${EQUAL_COST:-0.12} K=benchmarks/results/robust_cost/equal methods=openstamp,unremovable,kgw-distilled
+  local grids='grids={"openstamp": [0.354, 0.386, 0.42], "unremovable": [0.5, 0.6], "kgw-distilled": [2.5, 3.0]}'
+  mkdir -p $K
+  for seed in ${EQUAL_SEEDS:-0 1 2}; do
+    local S=runs/equal-s$seed tag=cost$cost-s$seed
+    $OPENSTAMP eval --model smollm2-135m --methods $methods --sweep --set "$grids" --seeds $seed --n 200 \
+      --new-tokens 64 --oracle none --set lengths= --out $S
+    mkdir -p $K/eval && cp $S/results.json $K/eval/s$seed.json
+    for attack in edit0.1 edit0.25 quantize merge prune finetune; do
+      local R=runs/equal-$attack-$tag settings
+      [ -f $K/$attack-$tag.json ] && continue
+      case $attack in
+        edit0.1 | edit0.25) settings=(edit --delete ${attack#edit} --substitute ${attack#edit}) ;;
+        quantize) settings=(quantize --scheme nf4,gguf-q4_k_m --head recipe --n 64) ;;
+        merge) settings=(merge --method linear --t 0.3,0.5,0.7 --n 64) ;;
+        prune) settings=(prune --method wanda --sparsity 0.5 --n 64) ;;
+        finetune) settings=(finetune --corpus wikipedia --steps 100 --every 50 --n 64) ;;
+      esac
+      $OPENSTAMP attack "${settings[@]}" --eval $S --at-cost $cost --methods $methods --out $R
+      cp $R/results.json $K/$attack-$tag.json
+    done
+  done
+}
 durability() {
   # every attack on the current releases at their default strengths, then token edits, quantization, merging,
   # pruning and fine-tuning at equal cost on the sweep's eval of each seed of ROBUST_SEEDS (default 0 1 2) at each
@@ -502,6 +532,7 @@ durability() {
     done
   done
   DEFAULT_ATTACKS="edit quantize merge finetune" default_attacks  # the default key of 0.2.0 at +12%
+  durability_equal  # the shipping default, Unremovable and KGW-distilled at +12% on 0.3.1
 }
 speed() {
   # detection, sampling and key-building speed, the HTTP service under load and against bad input, batch detection

@@ -411,6 +411,7 @@ TABLES = {
     "paraphrase_12": partial(paraphrase, cost=0.12),
     "durability": durability,
     "durability_cost_12": partial(durability_cost, cost=0.12),
+    "durability_equal": partial(durability_cost, cost=0.12, folder="robust_cost/equal"),
     "tune": partial(tune, name="tune"),
     "tune_default": partial(tune, name="tune_default"),
     "llr_split": llr_split,
