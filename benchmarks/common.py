@@ -313,13 +313,18 @@ def with_caption(rows: list[str], reads: list[dict], historical: bool = False) -
 
 
 def table(header: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
-    """A markdown table: the first ``text_columns`` left-aligned, the rest (numbers) right-aligned; a cell that is a
-    recorded OpenStamp method's name shows its name now (``shown``)."""
+    """A markdown table: the first ``text_columns`` left-aligned, the rest (numbers) right-aligned; where the files
+    read for it were recorded before 0.3.0's renaming, a cell that is a recorded OpenStamp method's name shows its
+    name now (``shown``). Results of 0.3.0 and later already name methods as they are named now."""
+    from openstamp.lab.methods.openstamp import RENAMED_IN
+
+    versions, _ = measured_with(READ)
+    if not versions or any(version_tuple(v) < RENAMED_IN for v in versions):
+        header, rows = (
+            [shown(h) for h in header],
+            [[shown(cell) if isinstance(cell, str) else cell for cell in r] for r in rows],
+        )
     rule = "|" + "---|" * text_columns + "---:|" * (len(header) - text_columns)
-    header, rows = (
-        [shown(h) for h in header],
-        [[shown(cell) if isinstance(cell, str) else cell for cell in r] for r in rows],
-    )
     return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)]
 
 

@@ -18,3 +18,15 @@ def test_claim_run_resumes_with_free_fields_changed_and_refuses_others(common, t
         common.claim_run(out, {"out": out, "keys": 5, "sources": ["human"]}, free=("sources",))
     with pytest.raises(SystemExit, match=r"other settings \(seed\)"):  # a field the first run did not have
         common.claim_run(out, {"out": out, "keys": 10, "sources": [], "seed": 1}, free=("sources",))
+
+
+@pytest.mark.parametrize(("version", "shown"), [("0.1.0", "openstamp-projected"), ("0.3.1", "openstamp")])
+def test_tables_rename_methods_only_in_results_recorded_before_the_renaming(common, version, shown):
+    # before 0.3.0 the projected method was recorded as "openstamp"; since then "openstamp" is the default
+    common.READ.clear()
+    common.READ.append({"versions": {"openstamp": version}})
+    try:
+        rows = common.table(["method", "TPR"], [["openstamp", "0.9"]])
+    finally:
+        common.READ.clear()
+    assert rows[2] == f"| {shown} | 0.9 |"
