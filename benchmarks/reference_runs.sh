@@ -10,7 +10,7 @@
 # paraphrase, durability (quantization, merging, pruning, fine-tuning), speed, settings (which strength), losses
 # (where OpenStamp loses), qwen_frontier (the frontier on the second model, Qwen2.5-Coder-0.5B, then paraphrase on it:
 # qwen_paraphrase, which runs alone too). paraphrase and durability attack the sweep's evals, which frontier leaves in
-# runs/.
+# runs/. durability_equal, the end of durability (the shipping default at equal cost, on evals of its own), runs alone.
 #
 # Every command resumes where it stopped when run again, and each result is copied into benchmarks/results/ when its
 # stage has made it. Logs go to runs/logs/<stage>.log.
@@ -600,8 +600,9 @@ main() {
     case $stage in
       frontier | lengths | fpr | paraphrase | durability | speed | settings | losses | qwen_frontier) ;;
       qwen_paraphrase) ;;  # the end of qwen_frontier, alone
+      durability_equal) ;;  # the end of durability, alone: the shipping default at equal cost (resumes)
       *) echo "unknown stage $stage: frontier lengths fpr paraphrase durability speed settings losses qwen_frontier" \
-           "qwen_paraphrase"
+           "qwen_paraphrase durability_equal"
          exit 2 ;;
     esac
     echo "[reference] $stage: log in runs/logs/$stage.log"
